@@ -1,0 +1,54 @@
+# Every target installs what it needs, idempotently, on a fresh Debian machine.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make
+STAMP := $(VENV)/.shoal-installed
+PYTEST_ARGS ?=
+
+.PHONY: all demo test unit integration benchmarks lint system venv clean
+
+all: test
+
+# Debian packages, only when one is missing (apt-get update first: fresh images have no lists).
+system:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# Reinstalled when the package metadata or the compiled sources change.
+$(STAMP): $(PY) setup.cfg setup.py pyproject.toml $(shell find runtime/dataparallel/csrc -type f 2>/dev/null)
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[torch,tensorflow,test]"
+	touch $@
+
+venv: system $(STAMP)
+
+demo: venv
+	$(PY) examples/demo/run_demo.py
+
+# pytest exits 5 when it collects nothing: that is not a failure of the suite.
+test: venv
+	$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+integration: venv
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+benchmarks: venv
+	$(PY) benchmarks/run_all.py
+
+lint: venv
+	$(VENV)/bin/ruff check sdk runtime containers tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Container images for Shoal jobs: templates, the version matrix, builds and pushes."""

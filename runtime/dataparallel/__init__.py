@@ -1,0 +1,1 @@
+"""Shoal's data-parallel collective runtime: the compiled core and its framework APIs."""

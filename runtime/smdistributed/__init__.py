@@ -1,0 +1,2 @@
+"""Compatibility namespace: scripts written for SageMaker's closed
+``smdistributed`` libraries import Shoal's implementations through it."""

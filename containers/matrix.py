@@ -1,0 +1,80 @@
+"""The version matrix of Shoal's training images (``matrix.yaml``) and the
+image names derived from it, shared by the SDK's default image URIs and the
+image build."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import attrs
+import yaml
+
+MATRIX_FILE = Path(__file__).with_name("matrix.yaml")
+PROCESSORS = ("gpu", "cpu")
+
+
+@attrs.frozen
+class ImageSpec:
+    """One entry of the matrix: a framework version and its CUDA 11 base."""
+
+    framework: str
+    framework_version: str
+    py_version: str
+    cuda: str
+    cuda_tag: str
+    gpu_base: str
+    cpu_base: str
+    python: str
+    nccl: str
+
+    def repository(self) -> str:
+        return _matrix()["repository"].format(framework=self.framework)
+
+    def tag(self, processor: str) -> str:
+        if processor not in PROCESSORS:
+            raise ValueError(f"'processor' must be in {PROCESSORS!r} (got {processor!r})")
+        return _matrix()["tag"].format(
+            framework_version=self.framework_version, processor=processor,
+            py_version=self.py_version,
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def _matrix() -> dict:
+    return yaml.safe_load(MATRIX_FILE.read_text())
+
+
+def specs(framework: str | None = None) -> list[ImageSpec]:
+    """Every matrix entry, or those of one framework."""
+    out = []
+    for name, entries in _matrix()["images"].items():
+        if framework in (None, name):
+            out.extend(ImageSpec(framework=name, **entry) for entry in entries)
+    return out
+
+
+def find(framework: str, framework_version: str, py_version: str | None = None) -> ImageSpec | None:
+    """The entry for a framework version; "1.13" matches "1.13.1". None when absent."""
+    for spec in specs(framework):
+        full, short = spec.framework_version, ".".join(spec.framework_version.split(".")[:2])
+        if framework_version in (full, short) and py_version in (None, spec.py_version):
+            return spec
+    return None
+
+
+def registry_domain(region: str) -> str:
+    """ECR's domain for a region's partition."""
+    if region.startswith("cn-"):
+        return "amazonaws.com.cn"
+    if region.startswith("us-iso-"):
+        return "c2s.ic.gov"
+    if region.startswith("us-isob-"):
+        return "sc2s.sgov.gov"
+    return "amazonaws.com"
+
+
+def image_uri(spec: ImageSpec, processor: str, account: str, region: str) -> str:
+    """The ECR URI of an image in the user's account and region."""
+    registry = f"{account}.dkr.ecr.{region}.{registry_domain(region)}"
+    return f"{registry}/{spec.repository()}:{spec.tag(processor)}"

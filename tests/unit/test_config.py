@@ -1,0 +1,106 @@
+"""Job files and configuration layers: strict keys, types, and precedence."""
+
+import pytest
+import yaml
+from shoal.config import JobSpec, config_layers, load_spec, parse_spec, resolve
+from shoal.errors import ConfigError
+
+
+@pytest.fixture
+def homes(tmp_path, monkeypatch):
+    """An isolated user config dir and project dir."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SHOAL_CONFIG", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    return tmp_path / "xdg" / "shoal" / "config.yaml", project
+
+
+def write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_job_file_is_parsed_into_a_spec(tmp_path):
+    path = write(tmp_path / "job.yaml", {
+        "framework": "pytorch", "entry_point": "train.py", "instance_count": 2,
+        "inputs": {"train": "file:///data"}, "hyperparameters": {"epochs": 3},
+    })
+    spec = load_spec(path)
+    assert spec.entry_point == "train.py" and spec.instance_count == 2
+    assert spec.inputs == {"train": "file:///data"} and spec.hyperparameters == {"epochs": 3}
+
+
+def test_unknown_key_is_rejected_with_a_suggestion():
+    with pytest.raises(ConfigError, match="unknown key 'instance_cont' \\(did you mean 'instance_count'\\?\\)"):
+        parse_spec({"instance_cont": 2})
+    with pytest.raises(ConfigError, match="unknown key 'zzz'$"):
+        parse_spec({"zzz": 1})
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"instance_count": "2"}, "'instance_count' must be int \\(got '2'\\)"),
+        ({"instance_count": 0}, "'instance_count' must be >= 1 \\(got 0\\)"),
+        ({"framework": "jax"}, "'framework' must be in"),
+        ({"hyperparameters": ["a"]}, "'hyperparameters' must be a mapping"),
+        ({"inputs": {"train": 3}}, "'inputs.train' must be a URI string"),
+    ],
+)
+def test_wrong_types_say_what_was_wrong(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_spec(data, source="job.yaml")
+
+
+def test_non_mapping_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        parse_spec(["a"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_spec(bad)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_precedence_flags_then_job_file_then_env_then_user_then_project(homes, tmp_path, monkeypatch):
+    user, project = homes
+    write(project / "shoal.yaml", {"role": "project-role", "region": "eu-west-1",
+                                   "instance_type": "ml.m5.xlarge", "output_path": "s3://p/o",
+                                   "volume_size": 50})
+    write(user, {"role": "user-role", "region": "us-east-1", "instance_type": "ml.c5.xlarge",
+                 "output_path": "s3://u/o"})
+    env = write(tmp_path / "env.yaml", {"region": "us-west-2", "instance_type": "ml.g5.xlarge",
+                                         "output_path": "s3://e/o"})
+    monkeypatch.setenv("SHOAL_CONFIG", str(env))
+    job = write(tmp_path / "job.yaml", {"entry_point": "t.py", "instance_type": "local",
+                                         "output_path": "s3://j/o"})
+    spec = resolve(job, flags={"output_path": "file:///flag", "instance_count": None}, cwd=project)
+    assert spec.output_path == "file:///flag"
+    assert spec.instance_type == "local"
+    assert spec.region == "us-west-2"
+    assert spec.role == "user-role"
+    assert spec.volume_size == 50
+    assert spec.instance_count is None
+    assert [name for name, _ in config_layers(project)] == ["project", "user", "SHOAL_CONFIG"]
+
+
+def test_a_missing_shoal_config_file_is_an_error(homes, monkeypatch, tmp_path):
+    monkeypatch.setenv("SHOAL_CONFIG", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="SHOAL_CONFIG"):
+        resolve(None, {}, cwd=homes[1])
+
+
+def test_an_error_names_the_layer(homes):
+    user, project = homes
+    write(user, {"regoin": "us-east-1"})
+    with pytest.raises(ConfigError, match=str(user) + ": unknown key 'regoin' \\(did you mean 'region'"):
+        resolve(None, {}, cwd=project)
+
+
+def test_is_local():
+    assert JobSpec(instance_type="local").is_local
+    assert JobSpec(instance_type="local_gpu").is_local
+    assert not JobSpec(instance_type="ml.p4d.24xlarge").is_local

@@ -1,0 +1,49 @@
+"""Job handles: parsing, printing, and the errors for malformed ones."""
+
+import pytest
+from shoal.errors import ConfigError
+from shoal.handles import JobHandle, local_handle, parse_handle, sagemaker_handle
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("local://my-job-1", JobHandle("local", "my-job-1")),
+        ("sagemaker://us-west-2/train-2024", JobHandle("sagemaker", "train-2024", "us-west-2")),
+        ("sagemaker://us-gov-west-1/a", JobHandle("sagemaker", "a", "us-gov-west-1")),
+    ],
+)
+def test_parse_round_trips(text, expected):
+    handle = parse_handle(text)
+    assert handle == expected
+    assert str(handle) == text
+
+
+def test_bare_name_needs_a_default_region():
+    with pytest.raises(ConfigError, match="local://job-a or sagemaker://<region>/job-a"):
+        parse_handle("job-a")
+    assert parse_handle("job-a", default_region="eu-west-1") == sagemaker_handle("eu-west-1", "job-a")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("s3://bucket/key", "unknown handle scheme 's3'"),
+        ("sagemaker://us-west-2", "sagemaker://<region>/<job-name>"),
+        ("sagemaker://us-west-2/", "sagemaker://<region>/<job-name>"),
+        ("sagemaker://not_a_region/job", "'region' must be an AWS region"),
+        ("local://-leading-hyphen", "'job_name' must be 1-63"),
+        ("local://under_score", "'job_name' must be 1-63"),
+        ("local://" + "a" * 64, "'job_name' must be 1-63"),
+    ],
+)
+def test_malformed_handles_are_config_errors(text, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_handle(text)
+
+
+def test_local_handles_have_no_region():
+    assert local_handle("x").is_local
+    assert not sagemaker_handle("us-east-1", "x").is_local
+    with pytest.raises(ConfigError, match="no region"):
+        JobHandle("local", "x", "us-east-1")

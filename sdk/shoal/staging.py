@@ -1,0 +1,300 @@
+"""Code staging: the training code as a reproducible ``sourcedir.tar.gz`` in S3.
+
+The archive has the layout the SageMaker Python SDK v2 gives it, which the training
+toolkit in the container expects: the contents of ``source_dir`` at the archive root,
+each dependency under its basename, or, without ``source_dir``, the entry point alone.
+It lands at ``s3://<bucket>/<prefix>/<job-name>/source/sourcedir.tar.gz``.
+
+Listing the members (:func:`collect_members`) and writing the archive
+(:func:`write_archive`) are separate from the upload (:func:`stage_code`), so the
+archive can be built and checked without AWS.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path, PurePosixPath
+
+import attrs
+
+from shoal import transfer
+from shoal.errors import StagingError
+
+ARCHIVE_NAME = "sourcedir.tar.gz"
+
+# Ignored unless the caller passes its own patterns (gitignore-style globs: a pattern
+# without "/" matches a name at any depth, one with "/" a path from the root, and a
+# trailing "/" only directories). Directories holding a pyvenv.cfg are always skipped:
+# they are virtual environments whatever they are called.
+DEFAULT_IGNORE: tuple[str, ...] = (
+    ".git/",
+    "__pycache__/",
+    "*.pyc",
+    ".ipynb_checkpoints/",
+    ".venv/",
+    "venv/",
+    ".env",
+    ".DS_Store",
+)
+
+# 1980-01-01: the earliest time every archive format and extractor accepts.
+FIXED_MTIME = 315532800
+
+
+@attrs.frozen
+class Member:
+    """One archive entry: the name inside the archive and the file it comes from."""
+
+    arcname: str
+    path: Path
+    is_dir: bool
+
+
+@attrs.frozen
+class StagedCode:
+    """Where the code went: ``s3_uri`` of the archive, and the entry point's name in it."""
+
+    s3_uri: str
+    script_name: str
+
+
+def is_s3_uri(value: str | None) -> bool:
+    return bool(value) and str(value).lower().startswith("s3://")
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    if not is_s3_uri(uri):
+        raise StagingError(f"not an S3 URI: {uri!r}")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise StagingError(f"S3 URI has no bucket: {uri!r}")
+    return bucket, key
+
+
+def code_key(job_name: str, prefix: str = "") -> str:
+    """The archive's key: ``<prefix>/<job-name>/source/sourcedir.tar.gz``."""
+    parts = [p for p in (prefix.strip("/"), job_name, "source", ARCHIVE_NAME) if p]
+    return "/".join(parts)
+
+
+def code_destination(
+    job_name: str, *, code_location: str | None, output_path: str | None, default_bucket
+) -> tuple[str, str, bool]:
+    """Pick ``(bucket, key, is_default_bucket)`` for the archive, as v2 does.
+
+    ``code_location`` wins (its key is the prefix); else the bucket of an S3
+    ``output_path`` (without its prefix); else ``default_bucket()`` (a callable, so the
+    default bucket is only looked up when it is used).
+    """
+    if code_location:
+        bucket, prefix = parse_s3_uri(code_location)
+        return bucket, code_key(job_name, prefix), False
+    if is_s3_uri(output_path):
+        bucket, _ = parse_s3_uri(output_path)
+        return bucket, code_key(job_name), False
+    return default_bucket(), code_key(job_name), True
+
+
+def _matches(rel: PurePosixPath, is_dir: bool, patterns: Sequence[str]) -> bool:
+    for pattern in patterns:
+        dir_only = pattern.endswith("/")
+        pat = pattern.rstrip("/")
+        if dir_only and not is_dir:
+            continue
+        if "/" in pat:
+            if fnmatch.fnmatchcase(rel.as_posix(), pat.lstrip("/")):
+                return True
+        elif fnmatch.fnmatchcase(rel.name, pat):
+            return True
+    return False
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _walk(root: Path, real_root: Path, arcbase: str, ignore: Sequence[str]) -> Iterable[Member]:
+    """Members under ``root``; symlinks are followed only while they stay inside it."""
+    stack = [(root, PurePosixPath(), frozenset({real_root}))]
+    while stack:
+        directory, rel_dir, ancestors = stack.pop()
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            path = Path(entry.path)
+            rel = rel_dir / entry.name
+            real = path.resolve()
+            if entry.is_symlink() and not _inside(real, real_root):
+                raise StagingError(
+                    f"symlink {path} points outside {root} (to {real}); "
+                    "copy the file in or list its directory in 'dependencies'"
+                )
+            if not real.exists():
+                raise StagingError(f"broken symlink: {path}")
+            is_dir = real.is_dir()
+            if _matches(rel, is_dir, ignore):
+                continue
+            if is_dir and (real / "pyvenv.cfg").exists():
+                continue  # a virtual environment
+            arcname = (PurePosixPath(arcbase) / rel).as_posix()
+            if is_dir:
+                if real in ancestors:
+                    raise StagingError(f"symlink loop at {path}")
+                yield Member(arcname, path, True)
+                stack.append((path, rel, ancestors | {real}))
+            else:
+                yield Member(arcname, path, False)
+
+
+def _tree_members(root: Path, arcbase: str, ignore: Sequence[str]) -> list[Member]:
+    return list(_walk(root, root.resolve(), arcbase, ignore))
+
+
+def _entry_point_member(entry_point: str) -> Member:
+    path = Path(entry_point)
+    if not path.is_file():
+        raise StagingError(f"entry point {entry_point!r} is not a file")
+    return Member(path.name, path, False)
+
+
+def _check_entry_point(entry_point: str, source: Path, members: list[Member]) -> None:
+    rel = PurePosixPath(entry_point)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise StagingError(
+            f"entry point {entry_point!r} must be a path relative to source_dir {str(source)!r}"
+        )
+    if not (source / rel).is_file():
+        raise StagingError(f"entry point {entry_point!r} not found in source_dir {str(source)!r}")
+    if not any(m.arcname == rel.as_posix() for m in members):
+        raise StagingError(f"entry point {entry_point!r} is excluded by the ignore patterns")
+
+
+def collect_members(
+    entry_point: str,
+    source_dir: str | None = None,
+    dependencies: Sequence[str] = (),
+    ignore: Sequence[str] = DEFAULT_IGNORE,
+) -> list[Member]:
+    """The archive's members in v2's layout, sorted by archive name.
+
+    Raises ``StagingError`` for a missing entry point, an entry point outside
+    ``source_dir``, a symlink that leaves its tree, or two members with one name.
+    """
+    if source_dir is None:
+        members = [_entry_point_member(entry_point)]
+    else:
+        source = Path(source_dir)
+        if not source.is_dir():
+            raise StagingError(f"source_dir {source_dir!r} is not a directory")
+        members = _tree_members(source, "", ignore)
+        _check_entry_point(entry_point, source, members)
+    for dep in dependencies:
+        path = Path(dep)
+        if not path.exists():
+            raise StagingError(f"dependency {dep!r} does not exist")
+        base = path.resolve().name
+        members.append(Member(base, path, path.is_dir()))
+        if path.is_dir():
+            members.extend(_tree_members(path, base, ignore))
+    return _sorted_unique(members)
+
+
+def _sorted_unique(members: list[Member]) -> list[Member]:
+    seen: dict[str, Member] = {}
+    for m in members:
+        if m.arcname in seen:
+            raise StagingError(
+                f"two files would land at {m.arcname!r} in the archive: "
+                f"{seen[m.arcname].path} and {m.path}"
+            )
+        seen[m.arcname] = m
+    return [seen[name] for name in sorted(seen)]
+
+
+def _tarinfo(member: Member) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(member.arcname)
+    info.mtime = FIXED_MTIME
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if member.is_dir:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        st = member.path.stat()  # follows symlinks: the archive holds contents, not links
+        info.size = st.st_size
+        info.mode = 0o755 if st.st_mode & stat.S_IXUSR else 0o644
+    return info
+
+
+def write_archive(members: Sequence[Member], target: str | os.PathLike) -> Path:
+    """Write a reproducible ``.tar.gz``: same tree, same bytes.
+
+    Members in the given order, fixed mtime, uid/gid 0, no user names, normalised
+    modes, and a gzip header without a name or a time.
+    """
+    target = Path(target)
+    with open(target, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for member in members:
+                    info = _tarinfo(member)
+                    if member.is_dir:
+                        tar.addfile(info)
+                    else:
+                        with open(member.path, "rb") as f:
+                            tar.addfile(info, f)
+    return target
+
+
+def upload_args(kms_key: str | None, expected_owner: str | None) -> dict:
+    """The ``ExtraArgs`` of the archive's upload: encryption, and the owner check."""
+    args = transfer.encryption_args(kms_key)
+    if expected_owner:
+        args["ExpectedBucketOwner"] = expected_owner
+    return args
+
+
+def stage_code(
+    s3_client,
+    *,
+    bucket: str,
+    key: str,
+    entry_point: str,
+    source_dir: str | None = None,
+    dependencies: Sequence[str] = (),
+    ignore: Sequence[str] = DEFAULT_IGNORE,
+    kms_key: str | None = None,
+    expected_owner: str | None = None,
+    region: str | None = None,
+    transfer_config=None,
+    progress: bool | None = None,
+) -> StagedCode:
+    """Archive the code and upload it to ``s3://bucket/key``.
+
+    ``source_dir`` may already be an ``s3://`` archive: it is used as is, nothing is
+    uploaded. ``expected_owner`` (the session's account) is sent with every call when
+    Shoal chose the bucket; the bucket is then created in ``region`` if it is missing.
+    """
+    if is_s3_uri(source_dir):
+        return StagedCode(source_dir, entry_point)
+    script_name = entry_point if source_dir is not None else Path(entry_point).name
+    members = collect_members(entry_point, source_dir, dependencies, ignore)
+    if expected_owner:
+        transfer.ensure_bucket(s3_client, bucket, region=region, expected_owner=expected_owner)
+    with tempfile.TemporaryDirectory(prefix="shoal-staging-") as tmp:
+        archive = write_archive(members, Path(tmp) / ARCHIVE_NAME)
+        transfer.upload_file(
+            s3_client,
+            archive,
+            bucket,
+            key,
+            extra_args=upload_args(kms_key, expected_owner),
+            config=transfer_config,
+            progress=progress,
+        )
+    return StagedCode(f"s3://{bucket}/{key}", script_name)

@@ -1,0 +1,61 @@
+"""Where a training job runs. A backend takes the pure ``CreateTrainingJob`` request an
+estimator built and returns a handle on the job; the estimator never does the I/O itself.
+
+- ``shoal.backends.sagemaker``: submits to the SageMaker API and follows the job.
+- ``shoal.backends.local``: runs the job on this machine (``instance_type="local"`` or
+  ``"local_gpu"``), with the same request.
+
+Both expose ``backend(session) -> Backend``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol, runtime_checkable
+
+LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
+
+
+@runtime_checkable
+class TrainingJob(Protocol):
+    """A submitted training job."""
+
+    name: str
+
+    def describe(self) -> dict:
+        """The job's ``DescribeTrainingJob`` response (or its local equivalent)."""
+
+    def wait(self, logs: str | bool = "All") -> dict:
+        """Block until the job ends, following its logs unless ``logs`` is False/"None";
+        raise a ``JobError`` leaf if it did not complete. Returns the final description."""
+
+    def logs(self) -> None:
+        """Print the job's logs until it ends."""
+
+    def stop(self) -> None:
+        """Ask the job to stop."""
+
+    @property
+    def model_data(self) -> str | None:
+        """The URI of ``model.tar.gz`` once the job completed."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Submits a ``CreateTrainingJob`` request."""
+
+    def submit(self, request: dict) -> TrainingJob:
+        """Start the job the request describes and return its handle."""
+
+
+def backend_module_name(instance_type: str | None, instance_groups=None) -> str:
+    """``shoal.backends.local`` for local instance types, ``shoal.backends.sagemaker`` else."""
+    if instance_type in LOCAL_INSTANCE_TYPES:
+        return "shoal.backends.local"
+    return "shoal.backends.sagemaker"
+
+
+def backend_for(instance_type: str | None, session) -> Backend:
+    """The backend that runs jobs of this instance type, bound to ``session``."""
+    module = importlib.import_module(backend_module_name(instance_type))
+    return module.backend(session)

@@ -1,0 +1,51 @@
+"""Training image URIs: the user's ``image_uri`` when given, otherwise Shoal's own image
+for the framework version (``containers/matrix.yaml``) in the user's account and region,
+GPU or CPU by instance type."""
+
+from __future__ import annotations
+
+import re
+
+from shoal.containers import matrix
+from shoal.errors import ImageError
+
+# GPU instance families: p* (p3, p4d, p5...) and g* (g4dn, g5...).
+_GPU_FAMILY = re.compile(r"^ml\.(p|g)\d")
+
+
+def processor_for(instance_type: str | None) -> str:
+    """``gpu`` for p*/g* families and ``local_gpu``, ``cpu`` otherwise (``local`` included)."""
+    if instance_type == "local_gpu":
+        return "gpu"
+    if instance_type and _GPU_FAMILY.match(instance_type):
+        return "gpu"
+    return "cpu"
+
+
+def supported_versions(framework: str) -> list[str]:
+    return [f"{s.framework_version} ({s.py_version})" for s in matrix.specs(framework)]
+
+
+def shoal_image_uri(framework: str, framework_version: str | None, py_version: str | None,
+                    instance_type: str | None, account: str, region: str) -> str:
+    """Shoal's training image for a framework version; ``ImageError`` lists the supported ones."""
+    spec = matrix.find(framework, framework_version or "", py_version) if framework_version else None
+    if spec is None:
+        wanted = f"{framework} {framework_version}" + (f" {py_version}" if py_version else "")
+        raise ImageError(
+            f"no Shoal image for {wanted}; supported: "
+            f"{', '.join(supported_versions(framework)) or 'none'} (or pass image_uri=)")
+    return matrix.image_uri(spec, processor_for(instance_type), account, region)
+
+
+def training_image_uri(framework: str | None, framework_version: str | None,
+                       py_version: str | None, instance_type: str | None, *,
+                       image_uri: str | None = None, account=None, region: str | None = None) -> str:
+    """``image_uri`` wins; otherwise Shoal's image. ``account`` may be a callable, asked only
+    when the default image is needed."""
+    if image_uri:
+        return image_uri
+    if framework is None:
+        raise ImageError("image_uri is required for a generic Estimator")
+    account = account() if callable(account) else account
+    return shoal_image_uri(framework, framework_version, py_version, instance_type, account, region)

@@ -27,6 +27,10 @@ class ImageSpec:
     cpu_base: str
     python: str
     nccl: str
+    # None: the matrix-wide ``toolchain`` version applies (see ``toolchain()``).
+    openmpi: str | None = None
+    efa: str | None = None
+    aws_ofi_nccl: str | None = None
 
     def repository(self) -> str:
         return _matrix()["repository"].format(framework=self.framework)
@@ -38,6 +42,12 @@ class ImageSpec:
             framework_version=self.framework_version, processor=processor,
             py_version=self.py_version,
         )
+
+    def toolchain(self) -> dict[str, str]:
+        """Open MPI, EFA installer and aws-ofi-nccl versions: the entry's own, else the matrix's."""
+        defaults = _matrix()["toolchain"]
+        own = {"openmpi": self.openmpi, "efa": self.efa, "aws_ofi_nccl": self.aws_ofi_nccl}
+        return {key: own[key] or defaults[key] for key in own}
 
 
 @functools.lru_cache(maxsize=1)

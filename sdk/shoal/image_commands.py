@@ -1,0 +1,87 @@
+"""``shoal image build|push``: the command-line face of Shoal's training images
+(mounted by the main CLI as ``shoal image``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from shoal.containers import builder as builders
+from shoal.containers import matrix, push, render
+from shoal.errors import ShoalError
+
+
+def _image_options(command):
+    """The options naming one image of the matrix, shared by build and push."""
+    frameworks = sorted({spec.framework for spec in matrix.specs()})
+    decorators = [
+        click.option("--framework", required=True, type=click.Choice(frameworks)),
+        click.option("--version", "framework_version", required=True,
+                     help="Framework version of the matrix, e.g. 1.13.1 (or 1.13)."),
+        click.option("--processor", type=click.Choice(matrix.PROCESSORS), default="gpu",
+                     show_default=True),
+    ]
+    for decorate in reversed(decorators):
+        command = decorate(command)
+    return command
+
+
+def _fail(error: ShoalError) -> None:
+    raise click.ClickException(str(error)) from error
+
+
+@click.group("image")
+def image():
+    """Build and push Shoal's training images."""
+
+
+@image.command("build")
+@_image_options
+@click.option("--base", default=None, help="Base image instead of the matrix's (e.g. a local one).")
+@click.option("--python", default=None,
+              help='Python of the base to use: "3.9" (python3.9 packages) or "3" (python3).')
+@click.option("--no-framework", is_flag=True,
+              help="Leave the framework out (runtime and launcher only).")
+@click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Shoal source tree to build from (default: this checkout).")
+@click.option("--builder", type=click.Choice(builders.BUILDERS), default=None,
+              help="Default: docker when an engine answers, else buildah.")
+@click.option("--dry-run", is_flag=True, help="Print the rendered Dockerfile; build nothing.")
+def build(framework, framework_version, processor, base, python, no_framework, source, builder,
+          dry_run):
+    """Render the Dockerfile and build the image."""
+    try:
+        options = render.BuildOptions(
+            framework=framework, framework_version=framework_version, processor=processor,
+            base=base, python=python, install_framework=not no_framework)
+        if dry_run:
+            click.echo(render.render_dockerfile(options), nl=False)
+            return
+        name = builders.build_image(options, source_root=source, builder=builder)
+    except ShoalError as error:
+        _fail(error)
+    except ValueError as error:  # attrs validators
+        raise click.BadParameter(str(error)) from error
+    click.echo(name)
+
+
+@image.command("push")
+@_image_options
+@click.option("--dest", default=None,
+              help="ecr (default), or a local layout: oci:/path or dir:/path.")
+@click.option("--account", default=None, help="ECR registry account (default: the caller's).")
+@click.option("--immutable-tags", is_flag=True, help="Create the repository with immutable tags.")
+@click.option("--no-scan-on-push", is_flag=True, help="Create the repository without scan on push.")
+@click.option("--builder", type=click.Choice(builders.BUILDERS), default=None)
+def push_(framework, framework_version, processor, dest, account, immutable_tags, no_scan_on_push,
+          builder):
+    """Push a built image to ECR (as the SDK names it) or to a local layout."""
+    try:
+        options = render.BuildOptions(framework=framework, framework_version=framework_version,
+                                      processor=processor)
+        where = push.push_image(options, dest=dest, builder=builder, account=account,
+                                scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
+    except ShoalError as error:
+        _fail(error)
+    click.echo(where)

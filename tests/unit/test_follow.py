@@ -1,0 +1,293 @@
+"""Following a job with stubbed SageMaker responses: transitions, outcome, backoff, idling."""
+
+import random
+import time
+from datetime import datetime, timezone
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+from shoal.errors import CapacityError, JobFailedError, ValidationError
+from shoal.follow import (
+    Backoff,
+    Follower,
+    billing_lines,
+    detach_message,
+    normalize_log_type,
+    transition_line,
+)
+from shoal.logs import LOG_GROUP
+
+REGION = "us-west-2"
+JOB = "pt-2024-01-01-00-00-00-000"
+NOW_MS = int(time.time() * 1000)
+
+T = [
+    ("Starting", "Preparing the instances for training"),
+    ("Downloading", "Downloading the training image"),
+    ("Training", "Training image download completed. Training in progress."),
+    ("Uploading", "Uploading generated training model"),
+    ("Completed", "Training job completed"),
+]
+
+
+def transitions(n):
+    return [
+        {
+            "Status": s,
+            "StatusMessage": m,
+            "StartTime": datetime(2024, 1, 1, 12, 0, i, tzinfo=timezone.utc),
+        }
+        for i, (s, m) in enumerate(T[:n])
+    ]
+
+
+def describe(status, secondary, n_transitions, **extra):
+    response = {
+        "TrainingJobName": JOB,
+        "TrainingJobArn": f"arn:aws:sagemaker:{REGION}:123456789012:training-job/{JOB}",
+        "ModelArtifacts": {"S3ModelArtifacts": f"s3://b/{JOB}/output/model.tar.gz"},
+        "TrainingJobStatus": status,
+        "SecondaryStatus": secondary,
+        "AlgorithmSpecification": {"TrainingInputMode": "File", "TrainingImage": "img"},
+        "ResourceConfig": {"InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2, "VolumeSizeInGB": 30},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+        "CreationTime": datetime(2024, 1, 1, tzinfo=timezone.utc),
+        "SecondaryStatusTransitions": transitions(n_transitions),
+    }
+    response.update(extra)
+    return response
+
+
+class FakeClock:
+    def __init__(self, on_sleep=None):
+        self.now = 0.0
+        self.sleeps = []
+        self.on_sleep = on_sleep
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+        if self.on_sleep:
+            self.on_sleep(len(self.sleeps))
+
+
+def follower(sm, logs_client, clock, lines, **kw):
+    return Follower(
+        sm,
+        logs_client,
+        JOB,
+        out=lines.append,
+        clock=clock,
+        sleep=clock.sleep,
+        rng=random.Random(0),
+        **kw,
+    )
+
+
+@pytest.fixture
+def aws():
+    with mock_aws():
+        sm = boto3.client("sagemaker", region_name=REGION)
+        logs_client = boto3.client("logs", region_name=REGION)
+        with Stubber(sm) as stub:
+            yield sm, stub, logs_client
+
+
+def expect(stub, *responses):
+    for r in responses:
+        if isinstance(r, str):
+            stub.add_client_error("describe_training_job", r, "slow down", http_status_code=400)
+        else:
+            stub.add_response("describe_training_job", r, {"TrainingJobName": JOB})
+
+
+def test_in_progress_to_completed_prints_transitions_once_and_billing(aws):
+    sm, stub, logs_client = aws
+    expect(
+        stub,
+        describe("InProgress", "Starting", 1),
+        describe("InProgress", "Training", 3),
+        describe("InProgress", "Training", 3),
+        describe(
+            "Completed", "Completed", 5, TrainingTimeInSeconds=100, BillableTimeInSeconds=40,
+            EnableManagedSpotTraining=True,
+        ),
+    )
+    clock, lines = FakeClock(), []
+    final = follower(sm, logs_client, clock, lines).run()
+    stub.assert_no_pending_responses()
+    assert final["TrainingJobStatus"] == "Completed"
+    status_lines = [line for line in lines if line.startswith("2024-")]
+    assert status_lines == [
+        "2024-01-01 12:00:00 Starting - Preparing the instances for training",
+        "2024-01-01 12:00:01 Downloading - Downloading the training image",
+        "2024-01-01 12:00:02 Training - Training image download completed. Training in progress.",
+        "2024-01-01 12:00:03 Uploading - Uploading generated training model",
+        "2024-01-01 12:00:04 Completed - Training job completed",
+    ]
+    assert lines[-3:] == [
+        "Training seconds: 200",
+        "Billable seconds: 80",
+        "Managed Spot Training savings: 60.0%",
+    ]
+
+
+def test_failed_raises_with_reason(aws):
+    sm, stub, logs_client = aws
+    reason = "AlgorithmError: ExecuteUserScriptError: exit code 1"
+    expect(
+        stub,
+        describe("InProgress", "Training", 3),
+        describe("Failed", "Failed", 3, FailureReason=reason),
+    )
+    with pytest.raises(JobFailedError) as info:
+        follower(sm, logs_client, FakeClock(), []).run()
+    assert not isinstance(info.value, CapacityError)
+    assert (info.value.job_name, info.value.status, info.value.reason) == (JOB, "Failed", reason)
+    assert reason in str(info.value)
+
+
+def test_capacity_failure_raises_capacity_error(aws):
+    sm, stub, logs_client = aws
+    reason = "CapacityError: Unable to provision requested ML compute capacity. Please retry."
+    expect(stub, describe("Failed", "Failed", 1, FailureReason=reason))
+    with pytest.raises(CapacityError) as info:
+        follower(sm, logs_client, FakeClock(), []).run()
+    assert info.value.reason == reason
+
+
+def test_stopped_warns_and_returns(aws):
+    sm, stub, logs_client = aws
+    expect(stub, describe("InProgress", "Training", 3), describe("Stopped", "Stopped", 3))
+    with pytest.warns(UserWarning, match="Stopped"):
+        final = follower(sm, logs_client, FakeClock(), []).run()
+    assert final["TrainingJobStatus"] == "Stopped"
+
+
+def test_throttled_describe_in_the_middle_is_survived(aws):
+    sm, stub, logs_client = aws
+    expect(
+        stub,
+        describe("InProgress", "Starting", 1),
+        "ThrottlingException",
+        "ThrottledException",
+        describe("Completed", "Completed", 5),
+    )
+    clock, lines = FakeClock(), []
+    final = follower(sm, logs_client, clock, lines).run()
+    stub.assert_no_pending_responses()
+    assert final["TrainingJobStatus"] == "Completed"
+    notes = [line for line in lines if "retrying" in line]
+    assert len(notes) == 2 and "DescribeTrainingJob" in notes[0]
+    # Backing off: the delays after the throttles grow, and stay capped with jitter.
+    assert clock.sleeps[1] > clock.sleeps[0]
+    assert max(clock.sleeps) <= 30 * 1.2
+
+
+def test_server_error_on_first_describe_is_retried(aws):
+    sm, stub, logs_client = aws
+    stub.add_client_error(
+        "describe_training_job", "InternalFailure", "oops", http_status_code=500
+    )
+    expect(stub, describe("Completed", "Completed", 5))
+    final = follower(sm, logs_client, FakeClock(), []).run()
+    assert final["TrainingJobStatus"] == "Completed"
+
+
+def test_idle_notice_after_30_seconds_without_events(aws):
+    sm, stub, logs_client = aws
+    expect(stub, *[describe("InProgress", "Starting", 1)] * 12, describe("Completed", "Completed", 5))
+    clock, lines = FakeClock(), []
+    follower(sm, logs_client, clock, lines).run()
+    idle = [line for line in lines if line.startswith("no log events")]
+    assert idle and idle[0].startswith("no log events for 3")
+    assert idle[0].endswith("; job status InProgress/Starting")
+    # Repeats stay sparse: each notice waits at least twice as long as the previous one.
+    seconds = [float(line.split()[4]) for line in idle]
+    assert all(b >= 2 * a for a, b in zip(seconds, seconds[1:]))
+
+
+def test_logs_and_status_are_followed_together(aws):
+    sm, stub, logs_client = aws
+    logs_client.create_log_group(logGroupName=LOG_GROUP)
+    for host in (1, 2):
+        logs_client.create_log_stream(logGroupName=LOG_GROUP, logStreamName=f"{JOB}/algo-{host}-9")
+
+    def write(n_sleep):  # the job writes while we sleep
+        host = 1 + n_sleep % 2
+        logs_client.put_log_events(
+            logGroupName=LOG_GROUP,
+            logStreamName=f"{JOB}/algo-{host}-9",
+            logEvents=[{"timestamp": NOW_MS + n_sleep, "message": f"step {n_sleep}"}],
+        )
+
+    expect(stub, *[describe("InProgress", "Training", 3)] * 3, describe("Completed", "Completed", 5))
+    clock, lines = FakeClock(on_sleep=write), []
+    follower(sm, logs_client, clock, lines).run()
+    logged = [line for line in lines if line.startswith("[algo-")]
+    assert logged == [f"[algo-{1 + n % 2}] step {n}" for n in range(1, len(clock.sleeps) + 1)]
+    assert not any(line.startswith("no log events") for line in lines)
+
+
+def test_logs_none_does_not_read_cloudwatch(aws):
+    sm, stub, logs_client = aws
+    expect(stub, describe("InProgress", "Training", 3), describe("Completed", "Completed", 5))
+    calls = []
+    logs_client.meta.events.register("provide-client-params.logs.*", lambda **kw: calls.append(kw))
+    follower(sm, logs_client, FakeClock(), [], logs="None").run()
+    assert calls == []
+
+
+def test_no_wait_reads_once_and_does_not_judge(aws):
+    sm, stub, logs_client = aws
+    expect(stub, describe("Failed", "Failed", 3, FailureReason="boom"))
+    clock = FakeClock()
+    final = follower(sm, logs_client, clock, []).run(wait=False)
+    assert final["TrainingJobStatus"] == "Failed" and clock.sleeps == []
+
+
+def test_rule_statuses_printed_when_they_change(aws):
+    sm, stub, logs_client = aws
+    rule = {"RuleConfigurationName": "LossNotDecreasing", "RuleEvaluationStatus": "InProgress"}
+    done = dict(rule, RuleEvaluationStatus="NoIssuesFound")
+    expect(
+        stub,
+        describe("InProgress", "Training", 3, DebugRuleEvaluationStatuses=[rule]),
+        describe("InProgress", "Training", 3, DebugRuleEvaluationStatuses=[rule]),
+        describe("Completed", "Completed", 5, DebugRuleEvaluationStatuses=[done]),
+    )
+    lines = []
+    follower(sm, logs_client, FakeClock(), lines).run()
+    assert [line for line in lines if line.startswith("LossNotDecreasing")] == [
+        "LossNotDecreasing: InProgress",
+        "LossNotDecreasing: NoIssuesFound",
+    ]
+
+
+def test_backoff_grows_to_cap_with_jitter():
+    rng = random.Random(1)
+    b = Backoff()
+    delays = [b.delay(i, rng) for i in range(10)]
+    assert 4.0 <= delays[0] <= 6.0
+    assert all(24.0 <= d <= 36.0 for d in delays[6:])
+    assert len({round(d, 6) for d in delays[6:]}) > 1  # jittered, not lock-step
+
+
+def test_helpers():
+    assert normalize_log_type(True) == "All"
+    assert normalize_log_type(False) == "None"
+    with pytest.raises(ValidationError, match="'logs' must be in"):
+        normalize_log_type("Everything")
+    assert transition_line(transitions(1)[0]) == (
+        "2024-01-01 12:00:00 Starting - Preparing the instances for training"
+    )
+    assert billing_lines({"ResourceConfig": {"InstanceCount": 1}}) == []
+    message = detach_message(JOB, REGION)
+    assert f"shoal.attach('{JOB}').logs()" in message
+    assert f"shoal logs sagemaker://{REGION}/{JOB}" in message
+    assert "keeps running" in message

@@ -1,0 +1,273 @@
+"""The model-parallel library's parameters (``smdistributed.modelparallel``'s ``parameters``).
+
+``distribution['smdistributed']['modelparallel']['parameters']`` is a dict, or the path of a
+JSON file holding one, that the training containers hand to ``smp.init()`` as the
+``mp_parameters`` hyperparameter. It is checked here, once, against the library's documented
+parameters: every name, type, range and allowed value, and the rules that tie them together.
+Two tables exist: the MPI-launched library (v1, ``mpi`` enabled) and the torchrun-launched
+library (v2, ``torch_distributed`` enabled). The parameters are kept exactly as written, so
+that the hyperparameter Shoal sends is the one the SageMaker Python SDK v2 sends.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Mapping
+from itertools import permutations
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from shoal.errors import DistributionError
+
+PYTORCH = ("pytorch",)
+TENSORFLOW = ("tensorflow",)
+BOTH = ("pytorch", "tensorflow")
+
+
+@attrs.frozen
+class Param:
+    """What one parameter accepts: its kind, bounds, allowed values and frameworks."""
+
+    kind: str  # "int" | "count" (int, or a float such as 5e8 with no fraction) | "float" | "bool" | "str" | "choice"
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    frameworks: tuple[str, ...] = BOTH
+
+
+_V1_PARAMETERS: dict[str, Param] = {
+    # Common to TensorFlow and PyTorch.
+    "partitions": Param("int", minimum=1),
+    "microbatches": Param("int", minimum=1),
+    "pipeline": Param("choice", choices=("simple", "interleaved", "_only_forward")),
+    "optimize": Param("choice", choices=("speed", "memory")),
+    "placement_strategy": Param("str"),  # checked by _check_placement_strategy
+    "auto_partition": Param("bool"),
+    "default_partition": Param("int", minimum=0),
+    "load_partition": Param("bool"),
+    "partition_file": Param("str"),
+    "deterministic_server": Param("bool"),
+    # TensorFlow only.
+    "contiguous": Param("bool", frameworks=TENSORFLOW),
+    "horovod": Param("bool", frameworks=TENSORFLOW),
+    # PyTorch only.
+    "pipeline_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "memory_weight": Param("float", minimum=0.0, maximum=1.0, frameworks=PYTORCH),
+    "ddp": Param("bool", frameworks=PYTORCH),
+    "ddp_port": Param("int", minimum=0, maximum=65535, frameworks=PYTORCH),
+    "ddp_dist_backend": Param("choice", choices=("auto", "nccl", "gloo"), frameworks=PYTORCH),
+    "active_microbatches": Param("int", minimum=1, frameworks=PYTORCH),
+    "offload_activations": Param("bool", frameworks=PYTORCH),
+    "activation_loading_horizon": Param("int", minimum=1, frameworks=PYTORCH),
+    "tensor_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "fp16": Param("bool", frameworks=PYTORCH),
+    "bf16": Param("bool", frameworks=PYTORCH),
+    "fp16_params": Param("bool", frameworks=PYTORCH),
+    "shard_optimizer_state": Param("bool", frameworks=PYTORCH),
+    "prescaled_batch": Param("bool", frameworks=PYTORCH),
+    "skip_tracing": Param("bool", frameworks=PYTORCH),
+    "delayed_parameter_initialization": Param("bool", frameworks=PYTORCH),
+    "static_mode": Param("bool", frameworks=PYTORCH),
+    "fast_mode": Param("bool", frameworks=PYTORCH),
+    "predefined_hooks": Param("bool", frameworks=PYTORCH),
+    "sharded_data_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "sdp_reduce_bucket_size": Param("count", minimum=1, frameworks=PYTORCH),
+    "sdp_param_persistence_threshold": Param("count", minimum=0, frameworks=PYTORCH),
+    "sdp_max_live_parameters": Param("count", minimum=1, frameworks=PYTORCH),
+    "sdp_hierarchical_allgather": Param("bool", frameworks=PYTORCH),
+    "sdp_gradient_clipping": Param("float", minimum=0.0, frameworks=PYTORCH),
+}
+
+# The torchrun-launched library (PyTorch >= 2.0 with torch_distributed).
+_V2_PARAMETERS: dict[str, Param] = {
+    "hybrid_shard_degree": Param("int", minimum=0, frameworks=PYTORCH),
+    "sm_activation_offloading": Param("bool", frameworks=PYTORCH),
+    "activation_loading_horizon": Param("int", minimum=1, frameworks=PYTORCH),
+    "fsdp_cache_flush_warnings": Param("bool", frameworks=PYTORCH),
+    "allow_empty_shards": Param("bool", frameworks=PYTORCH),
+    "tensor_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "context_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "expert_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
+    "random_seed": Param("int", minimum=0, frameworks=PYTORCH),
+}
+
+_TENSOR_PLACEMENTS = tuple("".join(p) for p in permutations("DPT"))
+_PLACEMENT_ALIASES = ("cluster", "spread")
+
+
+def parameter_table(torchrun: bool = False) -> Mapping[str, Param]:
+    """The accepted parameters: the MPI-launched library's, or with ``torchrun`` the v2 one's."""
+    return MappingProxyType(_V2_PARAMETERS if torchrun else _V1_PARAMETERS)
+
+
+@attrs.frozen
+class ModelParallelParameters:
+    """Validated model-parallel parameters, kept exactly as the user wrote them."""
+
+    values: Mapping[str, Any] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
+    torchrun: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters as a plain dict (the ``mp_parameters`` hyperparameter's value)."""
+        return json.loads(json.dumps(dict(self.values)))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    @property
+    def pipeline_parallel_degree(self) -> int:
+        """Partitions of the model (``partitions`` and ``pipeline_parallel_degree`` are one)."""
+        return self.values.get("pipeline_parallel_degree", self.values.get("partitions", 1))
+
+    @property
+    def tensor_parallel_degree(self) -> int:
+        return self.values.get("tensor_parallel_degree", 1)
+
+    @property
+    def microbatches(self) -> int:
+        return self.values.get("microbatches", 1)
+
+
+def load_parameters(raw: Any, where: str) -> dict[str, Any]:
+    """The parameters dict itself, or the JSON object read from the file ``raw`` names."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if not isinstance(raw, (str, os.PathLike)):
+        raise DistributionError(f"{where} must be a dict or the path of a JSON file (got {raw!r})")
+    if not os.path.isfile(raw):
+        raise DistributionError(f"{where} names no existing JSON file (got {str(raw)!r})")
+    try:
+        with open(raw, encoding="utf-8") as handle:
+            parsed = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DistributionError(f"{where}: {str(raw)!r} is not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise DistributionError(f"{where}: {str(raw)!r} must hold a JSON object (got {parsed!r})")
+    return parsed
+
+
+def parse_parameters(
+    raw: Any, *, where: str, framework: str | None, torchrun: bool = False
+) -> ModelParallelParameters:
+    """Validate model-parallel parameters (a dict or a JSON file path) for ``framework``.
+
+    ``framework`` None (a custom image) accepts the parameters of every framework.
+    Raises DistributionError naming the parameter's full path.
+    """
+    params = load_parameters(raw, where)
+    table = parameter_table(torchrun)
+    for key, value in params.items():
+        _check_known(key, table, where, framework, torchrun)
+        _check_value(value, table[key], f"{where}[{key!r}]")
+    if not torchrun:
+        _check_v1_rules(params, where, framework)
+    return ModelParallelParameters(params, torchrun=torchrun)
+
+
+def _check_known(key: Any, table: Mapping[str, Param], where: str, framework, torchrun) -> None:
+    if key not in table:
+        other = _V1_PARAMETERS if torchrun else _V2_PARAMETERS
+        hint = _did_you_mean(key, table)
+        if key in other:
+            launcher = "'torch_distributed'" if not torchrun else "'mpi'"
+            hint = f"; {key!r} is a parameter of the library launched with {launcher}"
+        raise DistributionError(f"{where} has an unknown parameter {key!r}{hint}")
+    allowed = table[key].frameworks
+    if framework is not None and framework not in allowed:
+        raise DistributionError(
+            f"{where}[{key!r}] is a {' and '.join(allowed)} parameter; "
+            f"it does not apply to {framework}"
+        )
+
+
+def _did_you_mean(key: Any, known) -> str:
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
+def _check_value(value: Any, param: Param, where: str) -> None:
+    kind = param.kind
+    if kind == "bool" and not isinstance(value, bool):
+        raise DistributionError(f"{where} must be a bool (got {value!r})")
+    if kind in ("str", "choice") and not isinstance(value, str):
+        raise DistributionError(f"{where} must be a str (got {value!r})")
+    if kind == "choice" and value not in param.choices:
+        raise DistributionError(f"{where} must be one of {list(param.choices)} (got {value!r})")
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise DistributionError(f"{where} must be an int (got {value!r})")
+    if kind == "count" and not _is_count(value):
+        raise DistributionError(f"{where} must be a whole number (got {value!r})")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise DistributionError(f"{where} must be a number (got {value!r})")
+    if param.minimum is not None and value < param.minimum:
+        raise DistributionError(f"{where} must be >= {param.minimum} (got {value!r})")
+    if param.maximum is not None and value > param.maximum:
+        raise DistributionError(f"{where} must be <= {param.maximum} (got {value!r})")
+
+
+def _is_count(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
+def _check_v1_rules(params: dict[str, Any], where: str, framework: str | None) -> None:
+    _check_partitions(params, where, framework)
+    _check_placement_strategy(params, where, framework)
+    _check_data_parallel_partner(params, where)
+    if params.get("fp16") is True and params.get("bf16") is True:
+        raise DistributionError(f"{where}: 'fp16' and 'bf16' cannot both be True")
+    if params.get("tensor_parallel_degree", 1) > 1 and params.get("ddp") is not True:
+        raise DistributionError(
+            f"{where}['ddp'] must be True when 'tensor_parallel_degree' > 1 "
+            f"(got tensor_parallel_degree={params['tensor_parallel_degree']}, "
+            f"ddp={params.get('ddp')!r})"
+        )
+
+
+def _check_partitions(params: dict[str, Any], where: str, framework: str | None) -> None:
+    if "partitions" in params and "pipeline_parallel_degree" in params:
+        if params["partitions"] != params["pipeline_parallel_degree"]:
+            raise DistributionError(
+                f"{where}: 'partitions' ({params['partitions']}) and 'pipeline_parallel_degree' "
+                f"({params['pipeline_parallel_degree']}) are the same setting and must agree"
+            )
+    if framework == "tensorflow" and "partitions" not in params:
+        raise DistributionError(f"{where}['partitions'] is required for TensorFlow")
+    partitions = params.get("pipeline_parallel_degree", params.get("partitions", 1))
+    if params.get("auto_partition") is False and "default_partition" not in params:
+        raise DistributionError(
+            f"{where}['default_partition'] is required when 'auto_partition' is False"
+        )
+    if "default_partition" in params and params["default_partition"] >= partitions:
+        raise DistributionError(
+            f"{where}['default_partition'] must be < the number of partitions ({partitions}) "
+            f"(got {params['default_partition']})"
+        )
+
+
+def _check_placement_strategy(params: dict[str, Any], where: str, framework) -> None:
+    if "placement_strategy" not in params:
+        return
+    value = params["placement_strategy"]
+    allowed = (
+        _PLACEMENT_ALIASES
+        if framework == "tensorflow"
+        else (_PLACEMENT_ALIASES + _TENSOR_PLACEMENTS)
+    )
+    if value not in allowed:
+        raise DistributionError(
+            f"{where}['placement_strategy'] must be one of {list(allowed)} (got {value!r})"
+        )
+
+
+def _check_data_parallel_partner(params: dict[str, Any], where: str) -> None:
+    if params.get("ddp") is True and params.get("horovod") is True:
+        raise DistributionError(f"{where}: 'ddp' and 'horovod' cannot both be True")
+    for key in ("ddp_port", "ddp_dist_backend"):
+        if key in params and "ddp" not in params:
+            raise DistributionError(f"{where}[{key!r}] needs 'ddp' to be set as well")

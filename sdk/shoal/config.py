@@ -185,3 +185,36 @@ def resolve(job_file=None, flags: Mapping | None = None, cwd=None) -> JobSpec:
         layers.append(load_spec(job_file))
     layers.append(parse_spec({k: v for k, v in (flags or {}).items() if v is not None}, "flags"))
     return merge(*layers)
+
+
+LOCAL_ROLE = "arn:aws:iam::000000000000:role/shoal-local"
+# JobSpec keys that are not estimator arguments.
+NOT_ESTIMATOR_KEYS = ("framework", "inputs", "job_name", "region", "processes_per_host")
+
+
+def estimator_kwargs(spec: JobSpec) -> dict:
+    """The estimator's keyword arguments for ``spec`` (pure)."""
+    kwargs = {k: v for k, v in spec.to_dict().items() if k not in NOT_ESTIMATOR_KEYS}
+    if spec.processes_per_host:
+        # The launcher's knob on SageMaker and locally alike (default: one per GPU, else 1).
+        kwargs["hyperparameters"] = {**(spec.hyperparameters or {}),
+                                     PROCESSES_PER_HOST_HP: spec.processes_per_host}
+    if spec.is_local and not spec.role:
+        kwargs["role"] = LOCAL_ROLE  # a local job assumes no role; the API shape needs one
+    return kwargs
+
+
+def build_estimator(spec: JobSpec, sagemaker_session=None):
+    """The estimator the job file describes (``framework`` picks the class)."""
+    import shoal
+
+    if sagemaker_session is None and spec.region:
+        import boto3
+
+        sagemaker_session = shoal.Session(boto_session=boto3.Session(region_name=spec.region))
+    name = {"pytorch": "PyTorch", "tensorflow": "TensorFlow", "estimator": "Estimator"}
+    cls = getattr(shoal, name[spec.framework or "pytorch"])
+    kwargs = estimator_kwargs(spec)
+    if sagemaker_session is not None:
+        kwargs["sagemaker_session"] = sagemaker_session
+    return cls(**kwargs)

@@ -1,0 +1,171 @@
+"""The local backend: the CreateTrainingJob request, run as processes on this machine.
+
+``LocalBackend().submit(request)`` takes the very request that would go to SageMaker, writes
+it into a new job directory (``$SHOAL_LOCAL_ROOT`` or ``~/.shoal/local``, see
+``shoal.local.layout``) and starts the job's supervisor (``shoal.local.runner``). The returned
+``LocalTrainingJob`` reads the job's record, so a job can be followed, described and stopped from
+any process: ``LocalTrainingJob.attach("<job>")``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ConfigError, Interrupted, JobFailedError, JobStoppedError
+from ..local import layout, process, state
+
+POLL_SECONDS = 0.1
+
+
+class LocalBackend:
+    """Runs requests whose instance type is ``local`` or ``local_gpu``."""
+
+    def __init__(self, sagemaker_session=None, root: Path | None = None):
+        self.sagemaker_session = sagemaker_session
+        self.root = Path(root) if root else None
+
+    def submit(self, request: dict) -> LocalTrainingJob:
+        paths = layout.JobPaths.for_job(request["TrainingJobName"], self.root)
+        if paths.job_dir.exists():
+            raise ConfigError(f"a local job named {request['TrainingJobName']!r} already exists "
+                              f"in {paths.job_dir}")
+        layout.host_names(request)  # refuse a malformed request before anything runs
+        layout.channel_sources(request)
+        paths.job_dir.mkdir(parents=True)
+        paths.request_file.write_text(_dumps(request))
+        record = state.initial(request)
+        state.write(paths.state_file, record)
+        runner = process.spawn_runner(paths.job_dir, paths.log_file)
+        record[state.RUNNER_KEY] = {"Pid": runner.pid, "CreateTime": runner.create_time()}
+        _merge_runner(paths, record[state.RUNNER_KEY])
+        return LocalTrainingJob(request["TrainingJobName"], paths, runner)
+
+
+def _dumps(data) -> str:
+    import json
+
+    return json.dumps(data, indent=1, default=str)
+
+
+def _merge_runner(paths, runner_info) -> None:
+    # The supervisor may already have moved on; only add the pid to what it wrote.
+    for _ in range(50):
+        try:
+            record = state.read(paths.state_file)
+            record[state.RUNNER_KEY] = runner_info
+            state.write(paths.state_file, record)
+            return
+        except (ValueError, FileNotFoundError):
+            time.sleep(0.01)
+
+
+class LocalTrainingJob:
+    """A local job: ``describe()``, ``wait(logs)``, ``logs()``, ``stop()``, ``model_data``."""
+
+    def __init__(self, name: str, paths: layout.JobPaths, runner=None):
+        self.name = self.job_name = name
+        self.paths = paths
+        self._runner = runner
+
+    @classmethod
+    def attach(cls, job_name: str, root: Path | None = None) -> LocalTrainingJob:
+        paths = layout.JobPaths.for_job(job_name, root)
+        if not paths.state_file.exists():
+            raise ConfigError(f"no local job named {job_name!r} in {paths.job_dir.parent}")
+        return cls(job_name, paths)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _record(self) -> dict:
+        return state.read(self.paths.state_file)
+
+    def describe(self) -> dict:
+        record = self._record()
+        if record["TrainingJobStatus"] not in state.TERMINAL and self.runner() is None:
+            record = self._record()  # it may have ended between the two reads
+        if record["TrainingJobStatus"] not in state.TERMINAL and self.runner() is None:
+            # The supervisor is gone without a final word (killed): that is a failure.
+            record = state.transition(record, "Failed", "the local job's supervisor died")
+            record["FailureReason"] = "ClientError: the local job's supervisor process died"
+            state.write(self.paths.state_file, record)
+        return state.describe_view(record)
+
+    @property
+    def status(self) -> str:
+        return self.describe()["TrainingJobStatus"]
+
+    @property
+    def model_data(self) -> str | None:
+        return self.describe().get("ModelArtifacts", {}).get("S3ModelArtifacts")
+
+    def runner(self):
+        if self._runner is not None and self._runner.is_running() \
+                and self._runner.status() != "zombie":
+            return self._runner
+        info = self._record().get(state.RUNNER_KEY)
+        return process.find(info["Pid"], info["CreateTime"]) if info else None
+
+    # -- following -------------------------------------------------------------------------
+    def logs(self, follow: bool = False, out=None) -> None:
+        """Print the log so far; with ``follow``, keep printing until the job ends."""
+        out = out or sys.stdout
+        with _open_log(self.paths.log_file) as log:
+            while True:
+                chunk = log.read()
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
+                elif not follow or self._ended():
+                    out.write(log.read())
+                    return
+                else:
+                    time.sleep(POLL_SECONDS)
+
+    def _ended(self) -> bool:
+        return self.describe()["TrainingJobStatus"] in state.TERMINAL
+
+    def wait(self, logs="All", out=None) -> dict:
+        """Follow the job to its end; raise ``JobFailedError``/``JobStoppedError`` unless it completed.
+
+        Ctrl-C stops the job (its whole process tree) and raises ``Interrupted``.
+        """
+        try:
+            if logs and logs != "None":
+                self.logs(follow=True, out=out)
+            else:
+                while not self._ended():
+                    time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            self.stop(wait=True)
+            raise Interrupted(f"interrupted: local job {self.name} was stopped") from None
+        description = self.describe()
+        status = description["TrainingJobStatus"]
+        if status == "Failed":
+            reason = description.get("FailureReason")
+            raise JobFailedError(f"local job {self.name} failed: {reason}", job_name=self.name,
+                                 status=status, reason=reason)
+        if status == "Stopped":
+            raise JobStoppedError(f"local job {self.name} was stopped", job_name=self.name,
+                                  status=status)
+        return description
+
+    def stop(self, wait: bool = False, timeout: float = 60.0) -> None:
+        """Ask the supervisor to stop the job; with ``wait``, return once the tree is gone."""
+        runner = self.runner()
+        if runner is None:
+            return
+        process.terminate_tree(runner, grace=timeout) if wait else runner.terminate()
+
+
+def _open_log(path: Path):
+    for _ in range(50):  # the supervisor creates the file as it starts
+        if path.exists():
+            break
+        time.sleep(POLL_SECONDS)
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def backend(session=None) -> LocalBackend:
+    """The local backend bound to ``session`` (the protocol of ``shoal.backends``)."""
+    return LocalBackend(session)

@@ -1,0 +1,398 @@
+"""The ``shoal`` command line: run a job, follow it, and inspect it by its handle.
+
+``shoal run`` starts a job from flags and/or a YAML job file (see ``shoal.config`` for the keys
+and the precedence of configuration layers) and prints the job's handle (``local://job`` or
+``sagemaker://region/job``) on stdout; ``status``, ``logs``, ``stop`` take a handle; ``list``
+shows jobs. Everything except a command's result goes to stderr.
+
+Exit codes: 0 the job completed, 1 it failed or was stopped, 2 a usage or configuration error,
+3 an AWS credentials or permission error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import config as config_mod
+from .errors import ConfigError, ShoalError, exit_code_for
+from .handles import local_handle, parse_handle, sagemaker_handle
+
+OUTPUT = click.option("--output", "output", type=click.Choice(["text", "json"]), default="text",
+                      show_default=True, help="Result format.")
+
+
+def err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="shoal")
+def cli():
+    """Shoal: SageMaker-compatible distributed training, on SageMaker or on this machine."""
+
+
+# -- run -------------------------------------------------------------------------------------
+def _pairs(values, what):
+    result = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE (got {item!r})", param_hint=what)
+        result[key] = value
+    return result
+
+
+def _hyperparameters(values):
+    # Values are YAML scalars, so --hyperparameter epochs=3 is the int 3, as in a job file.
+    import yaml
+
+    return {k: yaml.safe_load(v) if v else v for k, v in _pairs(values, "--hyperparameter").items()}
+
+
+@cli.command()
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--entry-point", help="Training script, relative to --source-dir.")
+@click.option("--source-dir", help="Directory with the training code.")
+@click.option("--framework", type=click.Choice(config_mod.FRAMEWORKS))
+@click.option("--framework-version")
+@click.option("--py-version")
+@click.option("--image-uri")
+@click.option("--role", help="IAM role ARN the job runs as.")
+@click.option("--region")
+@click.option("--instance-type")
+@click.option("--instance-count", type=int)
+@click.option("--processes-per-host", type=int,
+              help="Training processes per host (default: one per GPU, else 1).")
+@click.option("--output-path", help="s3:// or file:// destination of model.tar.gz.")
+@click.option("--job-name")
+@click.option("--hyperparameter", "-H", "hyperparameter", multiple=True, metavar="KEY=VALUE")
+@click.option("--input", "-i", "inputs", multiple=True, metavar="CHANNEL=URI")
+@click.option("--env", "-e", "environment", multiple=True, metavar="NAME=VALUE")
+@click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
+@click.option("--dry-run", is_flag=True, help="Print the request (secrets redacted); call nothing.")
+@click.option("--detach", is_flag=True, help="Print the handle and return; do not follow.")
+def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, **flags):
+    """Run a training job from flags and/or JOB_FILE (YAML)."""
+    flags["hyperparameters"] = _hyperparameters(hyperparameter) or None
+    flags["inputs"] = _pairs(inputs, "--input") or None
+    flags["environment"] = _pairs(environment, "--env") or None
+    if local:
+        flags["instance_type"] = "local"
+    spec = config_mod.resolve(job_file, flags)
+    estimator = config_mod.build_estimator(spec)
+    if dry_run:
+        emit_json(dry_run_request(estimator, spec))
+        return
+    estimator.fit(spec.inputs, wait=False, job_name=spec.job_name)
+    job = estimator.latest_training_job
+    handle = local_handle(job.name) if spec.is_local else \
+        sagemaker_handle(estimator.sagemaker_session.boto_region_name, job.name)
+    click.echo(str(handle))
+    sys.stdout.flush()
+    if detach:
+        err(f"detached; follow with: shoal logs {handle}")
+        return
+    follow(job, handle)
+
+
+def dry_run_request(estimator, spec) -> dict:
+    """The request ``fit()`` would submit, secrets redacted, built without any call."""
+    from .secrets import redact
+
+    job_name = estimator._prepare_for_training(spec.job_name)
+    return redact(estimator.build_request(spec.inputs, job_name))
+
+
+def follow(job, handle) -> None:
+    """Follow ``job`` to its end, its log on stderr; exit 1 unless it completed."""
+    job.wait(logs="All", **({"out": sys.stderr} if handle.is_local else {}))
+    status = job.describe()["TrainingJobStatus"]
+    if status != "Completed":
+        err(f"job {handle} ended {status}")
+        sys.exit(1)
+    model = job.model_data
+    if model:
+        err(f"model artifacts: {model}")
+
+
+# -- read verbs ------------------------------------------------------------------------------
+def open_job(text: str):
+    """The TrainingJob object behind a handle."""
+    handle = parse_handle(text)
+    if handle.is_local:
+        from .backends.local import LocalTrainingJob
+
+        return handle, LocalTrainingJob.attach(handle.job_name)
+    return handle, sagemaker_job(handle)
+
+
+def sagemaker_session(region: str):
+    import boto3
+
+    from .session import Session
+
+    return Session(boto_session=boto3.Session(region_name=region))
+
+
+def sagemaker_job(handle):
+    """The SageMaker job behind a handle, through ``shoal.attach``."""
+    import shoal
+
+    estimator = shoal.attach(handle.job_name, sagemaker_session=sagemaker_session(handle.region))
+    return estimator.latest_training_job
+
+
+def summary(description: dict) -> dict:
+    keys = ("TrainingJobName", "TrainingJobStatus", "SecondaryStatus", "FailureReason",
+            "CreationTime", "TrainingStartTime", "TrainingEndTime")
+    result = {k: description[k] for k in keys if k in description}
+    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
+    if model:
+        result["ModelArtifacts"] = model
+    return result
+
+
+@cli.command()
+@click.argument("handle")
+@OUTPUT
+def status(handle, output):
+    """Show a job's status (exit 0 completed or running, 1 failed or stopped)."""
+    handle, job = open_job(handle)
+    description = job.describe()
+    if output == "json":
+        emit_json(description)
+    else:
+        for key, value in summary(description).items():
+            click.echo(f"{key}: {value}")
+    if description["TrainingJobStatus"] in ("Failed", "Stopped"):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("handle")
+@click.option("--follow/--no-follow", "-f", default=False, help="Keep printing until the job ends.")
+def logs(handle, follow):
+    """Print a job's log."""
+    handle, job = open_job(handle)
+    if handle.is_local:
+        job.logs(follow=follow)
+    else:
+        job.logs(wait=follow) if _accepts(job.logs, "wait") else job.logs()
+
+
+def _accepts(function, name) -> bool:
+    import inspect
+
+    return name in inspect.signature(function).parameters
+
+
+@cli.command()
+@click.argument("handle")
+@click.option("--wait", is_flag=True, help="Return once the job has stopped.")
+def stop(handle, wait):
+    """Stop a running job."""
+    handle, job = open_job(handle)
+    if handle.is_local:
+        job.stop(wait=wait)
+    else:
+        job.stop()
+    err(f"stop requested for {handle}")
+
+
+@cli.command(name="list")
+@click.option("--sagemaker", "region", metavar="REGION", help="List SageMaker jobs in REGION.")
+@click.option("--max-results", default=20, show_default=True)
+@OUTPUT
+def list_jobs(region, max_results, output):
+    """List local jobs (or SageMaker jobs with --sagemaker REGION), newest first."""
+    rows = sagemaker_jobs(region, max_results) if region else local_jobs()
+    rows = rows[:max_results]
+    if output == "json":
+        emit_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['Handle']}\t{row['TrainingJobStatus']}\t{row['CreationTime']}")
+
+
+def local_jobs() -> list[dict]:
+    from .local import layout, state
+
+    rows = []
+    root = layout.local_root()
+    for path in root.glob("*/job.json") if root.exists() else []:
+        record = state.read(path)
+        rows.append({"Handle": str(local_handle(record["TrainingJobName"])),
+                     "TrainingJobStatus": record["TrainingJobStatus"],
+                     "CreationTime": record["CreationTime"]})
+    return sorted(rows, key=lambda row: row["CreationTime"], reverse=True)
+
+
+def sagemaker_jobs(region: str, max_results: int) -> list[dict]:
+    client = sagemaker_session(region).sagemaker_client
+    response = client.list_training_jobs(MaxResults=max_results, SortBy="CreationTime",
+                                         SortOrder="Descending")
+    return [{"Handle": str(sagemaker_handle(region, job["TrainingJobName"])),
+             "TrainingJobStatus": job["TrainingJobStatus"], "CreationTime": job["CreationTime"]}
+            for job in response["TrainingJobSummaries"]]
+
+
+# -- config and env --------------------------------------------------------------------------
+@cli.group(name="config")
+def config_group():
+    """Create or show Shoal's configuration files."""
+
+
+CONFIG_TEMPLATE = """\
+# Shoal configuration: defaults for every job (same keys as a job file).
+# Precedence: flags > job file > $SHOAL_CONFIG > ~/.config/shoal/config.yaml > ./shoal.yaml
+# role: arn:aws:iam::111122223333:role/SageMakerRole
+# region: us-west-2
+# output_path: s3://my-bucket/shoal
+# instance_type: ml.p4d.24xlarge
+# framework: pytorch
+"""
+
+
+@config_group.command(name="init")
+@click.option("--project", is_flag=True, help="Write ./shoal.yaml instead of the user config.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+def config_init(project, force):
+    """Write a commented configuration file."""
+    from pathlib import Path
+
+    path = Path("shoal.yaml") if project else config_mod.user_config_path()
+    if path.exists() and not force:
+        raise ConfigError(f"{path} exists (use --force to overwrite)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(CONFIG_TEMPLATE)
+    click.echo(str(path))
+
+
+@config_group.command(name="show")
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@OUTPUT
+def config_show(job_file, output):
+    """Show the effective configuration and which layer each key comes from."""
+    layers = [(name, config_mod.load_spec(path)) for name, path in config_mod.config_layers()]
+    if job_file:
+        layers.append((job_file, config_mod.load_spec(job_file)))
+    origin, merged = {}, {}
+    for name, spec in layers:
+        for key, value in spec.to_dict().items():
+            origin[key], merged[key] = name, value
+    if output == "json":
+        emit_json({k: {"value": merged[k], "from": origin[k]} for k in merged})
+        return
+    for key in merged:
+        click.echo(f"{key}: {json.dumps(merged[key], default=str)}  # {origin[key]}")
+
+
+@cli.command()
+@OUTPUT
+def env(output):
+    """Versions for bug reports (no credentials, no environment variables)."""
+    report = environment_report()
+    if output == "json":
+        emit_json(report)
+    else:
+        for key, value in report.items():
+            click.echo(f"{key}: {value}")
+
+
+def _version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _open_mpi_version() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+    return (out.stdout.splitlines() or ["unknown"])[0]
+
+
+def environment_report() -> dict:
+    """Versions only: nothing from the environment or the AWS configuration."""
+    import platform
+
+    from . import __version__
+
+    return {
+        "shoal": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": _version("torch"),
+        "tensorflow": _version("tensorflow-cpu") if _version("tensorflow") == "not installed"
+        else _version("tensorflow"),
+        "open_mpi": _open_mpi_version(),
+        "mpi4py": _version("mpi4py"),
+        "boto3": _version("boto3"),
+        "botocore": _version("botocore"),
+        "sagemaker": _version("sagemaker"),
+    }
+
+
+def _mount_image_commands() -> None:
+    try:
+        from .image_commands import image
+    except ImportError:
+        return
+    cli.add_command(image, name="image")
+
+
+_mount_image_commands()
+
+
+def main(argv=None) -> int:
+    """Console entry point: run the CLI and turn errors into exit codes."""
+    try:
+        cli.main(args=argv, prog_name="shoal", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.Abort:
+        err("interrupted")
+        return 130
+    except click.ClickException as error:
+        error.show()
+        return 2
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 1
+    except KeyboardInterrupt as error:
+        err("interrupted")
+        return exit_code_for(error)
+    except ShoalError as error:
+        err(f"error: {error}")
+        return exit_code_for(error)
+    except Exception as error:
+        mapped = _aws_error(error)
+        if mapped is None:
+            raise
+        err(f"error: {mapped}")
+        return exit_code_for(mapped)
+    return 0
+
+
+def _aws_error(error: Exception):
+    try:
+        from .aws_errors import translate
+    except ImportError:
+        return None
+    return translate(error)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

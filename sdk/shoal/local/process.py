@@ -1,0 +1,69 @@
+"""Process control for local jobs: start the supervisor, end a whole process tree.
+
+A local job is one supervisor process (``python -m shoal.local.runner <job-dir>``) in its own
+session, with the launcher, mpirun and the ranks below it. Ending a job means ending that whole
+tree, found with psutil (ranks started by mpirun's agents are still descendants), SIGTERM first
+and SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+GRACE_SECONDS = 10.0
+
+
+def spawn_runner(job_dir: Path, log_file: Path) -> psutil.Process:
+    """Start the supervisor of the job in ``job_dir`` with its output appended to ``log_file``."""
+    with open(log_file, "ab", buffering=0) as log:
+        child = subprocess.Popen(
+            [sys.executable, "-u", "-m", "shoal.local.runner", str(job_dir)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the terminal reaches us, not the job directly
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    return psutil.Process(child.pid)
+
+
+def tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def terminate_tree(root: psutil.Process, grace: float = GRACE_SECONDS) -> None:
+    """SIGTERM every process of the tree, then SIGKILL what is left after ``grace`` seconds."""
+    procs = tree(root)
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    # Processes forked while we waited are part of the job as well.
+    alive = {p.pid: p for p in alive + tree(root)}.values()
+    for proc in alive:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(list(alive), timeout=5)
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def find(pid: int, create_time: float) -> psutil.Process | None:
+    """The process ``pid`` if it is still the one started at ``create_time`` (pids get reused)."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.NoSuchProcess:
+        pass
+    return None

@@ -1,0 +1,190 @@
+"""The supervisor of one local job: ``python -m shoal.local.runner <job-dir>``.
+
+It does on this machine what SageMaker does around the container: lays out every simulated
+host's ``/opt/ml`` tree, fetches the input channels and restores checkpoints (Downloading), runs
+the launcher for all hosts through ``shoal.launcher.simulate`` (Training), saves checkpoints and
+packages ``model.tar.gz`` / ``output.tar.gz`` to the output path (Uploading), and records every
+transition in ``job.json``. SIGTERM (``stop()``, Ctrl-C) ends the launcher's whole process tree
+and the job ends as Stopped. Its output is the job's log (``logs.txt``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+
+from ..errors import ShoalError
+from . import layout, process, state, storage
+
+FAILURE_LIMIT = 1024
+
+
+class Supervisor:
+    def __init__(self, job_dir: Path):
+        self.paths = layout.JobPaths(job_dir)
+        self.request = json.loads(self.paths.request_file.read_text())
+        self.hosts = layout.host_names(self.request)
+        self.stopping = threading.Event()
+        self.launcher: psutil.Process | None = None
+
+    # -- state -----------------------------------------------------------------------------
+    def move(self, status: str, message: str | None = None, **fields) -> None:
+        record = state.transition(state.read(self.paths.state_file), status, message)
+        record.update(fields)
+        state.write(self.paths.state_file, record)
+        say(record["SecondaryStatusTransitions"][-1]["StatusMessage"])
+
+    # -- phases ----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        for host in self.hosts:
+            config = self.paths.config_dir(host)
+            config.mkdir(parents=True, exist_ok=True)
+            for name, content in layout.config_files(self.request, host).items():
+                (config / name).write_text(json.dumps(content, indent=1))
+            for sub in ("model", "output/data", "code"):
+                (self.paths.host_dir(host) / sub).mkdir(parents=True, exist_ok=True)
+
+    def download(self) -> None:
+        for channel, uri in layout.channel_sources(self.request).items():
+            self.stage_channel(channel, uri)
+        s3_uri, local_path = layout.checkpoint_config(self.request)
+        if s3_uri:
+            for host in self.hosts:
+                count = storage.download(s3_uri, self.paths.checkpoint_dir(host, local_path))
+                say(f"restored {count} checkpoint file(s) from {s3_uri} on {host}")
+
+    def stage_channel(self, channel: str, uri: str) -> None:
+        if storage.is_s3(uri):
+            # Fetched once per job, then linked into every host: hosts share a disk here.
+            source = self.paths.job_dir / "inputs" / channel
+            count = storage.download(uri, source)
+            say(f"channel {channel}: {count} file(s) from {uri}")
+        else:
+            source = storage.file_path(uri).resolve()
+            if not source.exists():
+                raise ShoalError(f"channel {channel}: {source} does not exist")
+        for host in self.hosts:
+            target = self.paths.channel_dir(host, channel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                target.symlink_to(source, target_is_directory=True)
+            else:
+                target.mkdir(exist_ok=True)
+                (target / source.name).symlink_to(source)
+
+    def train(self) -> int:
+        from shoal.launcher import simulate
+
+        return simulate.run_job(self.paths.job_dir, self.hosts, on_start=self.track)
+
+    def track(self, proc) -> None:
+        """Remember the launcher's process so that a stop ends its whole tree."""
+        self.launcher = psutil.Process(proc.pid)
+        if self.stopping.is_set():
+            process.terminate_tree(self.launcher)
+
+    def upload(self) -> dict:
+        s3_uri, local_path = layout.checkpoint_config(self.request)
+        if s3_uri:
+            for host in self.hosts:
+                storage.upload_dir(self.paths.checkpoint_dir(host, local_path), s3_uri)
+        destination = output_prefix(self.request)
+        with tempfile.TemporaryDirectory(dir=self.paths.job_dir) as tmp:
+            model = archive(Path(tmp) / "model.tar.gz", [self.paths.model_dir(h) for h in self.hosts])
+            output = archive(Path(tmp) / "output.tar.gz",
+                             [self.paths.output_dir(h) / "data" for h in self.hosts])
+            model_uri = storage.upload_file(model, storage.join(destination, "model.tar.gz"))
+            storage.upload_file(output, storage.join(destination, "output.tar.gz"))
+        say(f"model artifacts: {model_uri}")
+        return {"ModelArtifacts": {"S3ModelArtifacts": model_uri}}
+
+    def failure_reason(self, exit_code: int) -> str:
+        for host in self.hosts:
+            failure = self.paths.output_dir(host) / "failure"
+            if failure.exists() and failure.read_text().strip():
+                return failure.read_text().strip()[:FAILURE_LIMIT]
+        return f"AlgorithmError: the launcher exited with code {exit_code} and wrote no failure file"
+
+    # -- the whole job ---------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        try:
+            self.prepare()
+            self.move("Downloading")
+            self.download()
+            if self.stopping.is_set():
+                self.move("Stopped")
+                return 1
+            self.move("Training")
+            code = self.train()
+            if self.stopping.is_set():
+                self.move("Stopped")
+                return 1
+            self.move("Uploading")
+            artifacts = self.upload()
+            if code == 0:
+                self.move("Completed", **artifacts)
+                return 0
+            self.move("Failed", FailureReason=self.failure_reason(code), **artifacts)
+            return 1
+        except Exception as error:  # the record must end in a terminal state whatever happened
+            if self.stopping.is_set():
+                self.move("Stopped")
+            else:
+                self.move("Failed", FailureReason=f"ClientError: {error}"[:FAILURE_LIMIT])
+            return 1
+
+    def on_signal(self, signum, frame) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.move("Stopping")
+        if self.launcher is not None:
+            threading.Thread(target=process.terminate_tree, args=(self.launcher,), daemon=True).start()
+
+
+def output_prefix(request: dict) -> str:
+    """Where the archives go: right under a file:// path, under ``<path>/<job>/output`` on S3."""
+    path = request["OutputDataConfig"]["S3OutputPath"]
+    if storage.is_s3(path):
+        return storage.join(path, request["TrainingJobName"], "output")
+    return "file://" + str(storage.file_path(path))
+
+
+def archive(target: Path, sources: list[Path]) -> Path:
+    """A gzipped tar of the files of ``sources``; on a name clash the first source wins."""
+    seen = set()
+    with tarfile.open(target, "w:gz") as tar:
+        for source in sources:
+            if not source.is_dir():
+                continue
+            for root, _, files in os.walk(source):
+                for name in sorted(files):
+                    path = Path(root) / name
+                    rel = path.relative_to(source).as_posix()
+                    if rel not in seen:
+                        seen.add(rel)
+                        tar.add(path, arcname=rel)
+    return target
+
+
+def say(message: str) -> None:
+    print(f"[local] {message}", flush=True)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return Supervisor(Path(argv[0])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Local mode's pure half: host trees and config files from a CreateTrainingJob request,
+the job record's transitions, and the storage helpers for file:// and s3:// (moto)."""
+
+import json
+
+import boto3
+import pytest
+from moto import mock_aws
+from shoal.errors import InputError
+from shoal.local import layout, state, storage
+from shoal.local.runner import archive, output_prefix
+
+REQUEST = {
+    "TrainingJobName": "demo-2024-01-01-00-00-00-000",
+    "AlgorithmSpecification": {"TrainingImage": "img", "TrainingInputMode": "File"},
+    "RoleArn": "arn:aws:iam::111122223333:role/R",
+    "HyperParameters": {"epochs": "3", "sagemaker_program": '"train.py"'},
+    "InputDataConfig": [
+        {"ChannelName": "train", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": "file:///data/train",
+            "S3DataDistributionType": "FullyReplicated"}}},
+        {"ChannelName": "test", "ContentType": "text/csv", "InputMode": "File",
+         "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/test"}}},
+    ],
+    "OutputDataConfig": {"S3OutputPath": "s3://b/out"},
+    "ResourceConfig": {"InstanceType": "local", "InstanceCount": 2, "VolumeSizeInGB": 30},
+    "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+}
+
+
+def test_hosts_and_resource_config_match_sagemaker_keys():
+    assert layout.host_names(REQUEST) == ["algo-1", "algo-2"]
+    config = layout.resource_config(REQUEST, "algo-2")
+    assert config == {
+        "current_host": "algo-2",
+        "current_instance_type": "local",
+        "current_group_name": "homogeneousCluster",
+        "hosts": ["algo-1", "algo-2"],
+        "instance_groups": [{"instance_group_name": "homogeneousCluster",
+                             "instance_type": "local", "hosts": ["algo-1", "algo-2"]}],
+        "network_interface_name": "lo",
+    }
+
+
+def test_instance_groups_number_hosts_across_groups():
+    request = {**REQUEST, "ResourceConfig": {"InstanceGroups": [
+        {"InstanceGroupName": "a", "InstanceType": "local", "InstanceCount": 1},
+        {"InstanceGroupName": "b", "InstanceType": "local_gpu", "InstanceCount": 2},
+    ]}}
+    assert layout.host_names(request) == ["algo-1", "algo-2", "algo-3"]
+    config = layout.resource_config(request, "algo-3")
+    assert config["current_group_name"] == "b" and config["current_instance_type"] == "local_gpu"
+    assert [g["hosts"] for g in config["instance_groups"]] == [["algo-1"], ["algo-2", "algo-3"]]
+
+
+def test_input_data_config_and_hyperparameters():
+    files = layout.config_files(REQUEST, "algo-1")
+    assert files["inputdataconfig.json"] == {
+        "train": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
+                  "RecordWrapperType": "None"},
+        "test": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated",
+                 "RecordWrapperType": "None", "ContentType": "text/csv"},
+    }
+    assert files["hyperparameters.json"] == REQUEST["HyperParameters"]
+    assert layout.channel_sources(REQUEST) == {"train": "file:///data/train", "test": "s3://b/test"}
+
+
+def test_file_system_channels_cannot_run_locally():
+    request = {**REQUEST, "InputDataConfig": [{"ChannelName": "fsx", "DataSource": {
+        "FileSystemDataSource": {"FileSystemId": "fs-1"}}}]}
+    with pytest.raises(InputError, match="FileSystemDataSource inputs cannot run locally"):
+        layout.channel_sources(request)
+
+
+def test_paths_and_checkpoint_rerooting(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    paths = layout.JobPaths.for_job("j")
+    assert paths.job_dir == tmp_path / "j"
+    assert paths.channel_dir("algo-2", "train") == tmp_path / "j/algo-2/input/data/train"
+    assert paths.checkpoint_dir("algo-1") == tmp_path / "j/algo-1/checkpoints"
+    assert paths.checkpoint_dir("algo-1", "/opt/ml/ckpt/x") == tmp_path / "j/algo-1/ckpt/x"
+    assert paths.checkpoint_dir("algo-1", "/scratch/c") == tmp_path / "j/algo-1/scratch/c"
+    assert layout.checkpoint_config(REQUEST) == (None, "/opt/ml/checkpoints")
+
+
+def test_output_prefix_file_vs_s3():
+    assert output_prefix(REQUEST) == "s3://b/out/demo-2024-01-01-00-00-00-000/output"
+    local = {**REQUEST, "OutputDataConfig": {"S3OutputPath": "file:///tmp/o"}}
+    assert output_prefix(local) == "file:///tmp/o"
+
+
+def test_record_transitions_are_describe_shaped(tmp_path):
+    record = state.initial(REQUEST)
+    assert record["TrainingJobStatus"] == "InProgress" and record["SecondaryStatus"] == "Starting"
+    for status in ("Downloading", "Training", "Uploading"):
+        record = state.transition(record, status)
+    record = state.transition(record, "Failed")
+    assert record["TrainingJobStatus"] == "Failed"
+    assert [t["Status"] for t in record["SecondaryStatusTransitions"]] == [
+        "Starting", "Downloading", "Training", "Uploading", "Failed"]
+    assert all("EndTime" in t for t in record["SecondaryStatusTransitions"])
+    assert record["TrainingEndTime"] >= record["TrainingStartTime"] >= record["CreationTime"]
+    state.write(tmp_path / "job.json", {**record, state.RUNNER_KEY: {"Pid": 1}})
+    again = state.read(tmp_path / "job.json")
+    assert again["TrainingEndTime"] == record["TrainingEndTime"]
+    assert state.RUNNER_KEY not in state.describe_view(again)
+    assert again["HyperParameters"] == REQUEST["HyperParameters"]
+
+
+def test_archive_merges_hosts_first_wins(tmp_path):
+    for host, text in (("a", "from-a"), ("b", "from-b")):
+        (tmp_path / host / "sub").mkdir(parents=True)
+        (tmp_path / host / "model.pt").write_text(text)
+        (tmp_path / host / "sub" / f"{host}.txt").write_text(host)
+    import tarfile
+
+    target = archive(tmp_path / "m.tar.gz", [tmp_path / "a", tmp_path / "b", tmp_path / "none"])
+    with tarfile.open(target) as tar:
+        assert sorted(tar.getnames()) == ["model.pt", "sub/a.txt", "sub/b.txt"]
+        assert tar.extractfile("model.pt").read() == b"from-a"
+
+
+@mock_aws
+def test_s3_download_is_prefix_exact_and_upload_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setattr(storage, "_s3_client", None)
+    s3 = boto3.client("s3", region_name="us-west-2")
+    s3.create_bucket(Bucket="bkt", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    for key in ("data/a.csv", "data/sub/b.csv", "database/no.csv", "one.csv"):
+        s3.put_object(Bucket="bkt", Key=key, Body=key.encode())
+    assert storage.download("s3://bkt/data", tmp_path / "d") == 2
+    assert (tmp_path / "d/sub/b.csv").read_text() == "data/sub/b.csv"
+    assert not (tmp_path / "d/no.csv").exists()
+    assert storage.download("s3://bkt/one.csv", tmp_path / "one") == 1
+    assert (tmp_path / "one/one.csv").exists()
+    assert storage.upload_dir(tmp_path / "d", "s3://bkt/copy/") == 2
+    body = s3.get_object(Bucket="bkt", Key="copy/sub/b.csv")["Body"].read()
+    assert body == b"data/sub/b.csv"
+
+
+@mock_aws
+def test_s3_keys_that_escape_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(storage, "_s3_client", None)
+    s3 = boto3.client("s3", region_name="us-west-2")
+    s3.create_bucket(Bucket="bkt", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket="bkt", Key="p/../../evil", Body=b"x")
+    with pytest.raises(InputError, match="outside"):
+        storage.download("s3://bkt/p", tmp_path / "d")
+    assert not (tmp_path / "evil").exists()
+
+
+def test_file_copies(tmp_path):
+    (tmp_path / "src/x").mkdir(parents=True)
+    (tmp_path / "src/x/f").write_text("1")
+    assert storage.download("file://" + str(tmp_path / "src"), tmp_path / "dst") == 1
+    assert storage.upload_file(tmp_path / "dst/x/f", "file://" + str(tmp_path / "o/f")).endswith("o/f")
+    assert json.loads((tmp_path / "o/f").read_text()) == 1
+    with pytest.raises(InputError, match="does not exist"):
+        storage.download(str(tmp_path / "missing"), tmp_path / "z")

@@ -1,0 +1,39 @@
+"""Registration of Shoal's torch.distributed backend (``shoal``, alias ``smddp``).
+
+Registering is cheap (no compilation): the c10d extension is built, or loaded from its
+cache, the first time a process group is created on the backend.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as torch_dist
+
+BACKEND_NAME = "shoal"
+ALIASES = ("smddp",)
+
+
+def create_process_group(store, rank: int, size: int, timeout):
+    """torch's creator for backend ``shoal``: start the core if needed, return the
+    c10d Backend bound to it (``createProcessGroupShoal(store, rank, size, timeout)``)."""
+    from . import rendezvous
+    from .build import load_extension
+
+    extension = load_extension()
+    rendezvous.start_core_through_store(store, rank)
+    return extension.create_backend(rank, size)
+
+
+createProcessGroupShoal = create_process_group  # noqa: N816 - the name c10d backends use
+
+
+def is_registered(name: str = BACKEND_NAME) -> bool:
+    return name.upper() in torch_dist.Backend._plugins
+
+
+def register_backend() -> None:
+    """Register ``shoal`` and its aliases for CPU tensors (idempotent)."""
+    for name in (BACKEND_NAME, *ALIASES):
+        if not is_registered(name):
+            torch_dist.Backend.register_backend(
+                name, create_process_group, extended_api=False, devices=["cpu"]
+            )

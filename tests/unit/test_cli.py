@@ -1,0 +1,141 @@
+"""The shoal CLI: exit codes, stdout vs stderr, read verbs on local handles, config, env."""
+
+import json
+
+import botocore.exceptions
+import pytest
+import yaml
+from shoal import cli
+from shoal.local import layout, state
+
+REQUEST = {
+    "TrainingJobName": "cli-job",
+    "AlgorithmSpecification": {"TrainingImage": "img", "TrainingInputMode": "File"},
+    "OutputDataConfig": {"S3OutputPath": "file:///tmp/o"},
+    "ResourceConfig": {"InstanceType": "local", "InstanceCount": 1},
+}
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SHOAL_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "jobs"
+
+
+def finished_job(root, name, status, **fields):
+    """A local job directory as the supervisor leaves it (no process involved)."""
+    paths = layout.JobPaths(root / name)
+    paths.job_dir.mkdir(parents=True)
+    record = state.initial({**REQUEST, "TrainingJobName": name})
+    for step in ("Downloading", "Training", status):
+        record = state.transition(record, step)
+    record.update(fields)
+    state.write(paths.state_file, record)
+    paths.log_file.write_text("[algo-1] hello\n[algo-1] bye\n")
+    return paths
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_of_a_completed_job(root, capsys):
+    finished_job(root, "done-job", "Completed",
+                 ModelArtifacts={"S3ModelArtifacts": "file:///tmp/o/model.tar.gz"})
+    code, out, _ = run(capsys, "status", "local://done-job")
+    assert code == 0
+    assert "TrainingJobStatus: Completed" in out and "file:///tmp/o/model.tar.gz" in out
+    code, out, _ = run(capsys, "status", "local://done-job", "--output", "json")
+    assert json.loads(out)["SecondaryStatus"] == "Completed"
+
+
+def test_status_of_a_failed_job_exits_1_with_its_reason(root, capsys):
+    finished_job(root, "bad-job", "Failed", FailureReason="AlgorithmError: ZeroDivisionError")
+    code, out, _ = run(capsys, "status", "local://bad-job")
+    assert code == 1
+    assert "FailureReason: AlgorithmError: ZeroDivisionError" in out
+
+
+def test_logs_and_list(root, capsys):
+    finished_job(root, "job-a", "Completed")
+    finished_job(root, "job-b", "Stopped")
+    code, out, _ = run(capsys, "logs", "local://job-a")
+    assert code == 0 and out == "[algo-1] hello\n[algo-1] bye\n"
+    code, out, _ = run(capsys, "list", "--output", "json")
+    rows = json.loads(out)
+    assert [r["Handle"] for r in rows] == ["local://job-b", "local://job-a"]
+    assert [r["TrainingJobStatus"] for r in rows] == ["Stopped", "Completed"]
+
+
+def test_a_job_whose_supervisor_died_reads_as_failed(root, capsys):
+    paths = layout.JobPaths(root / "orphan")
+    paths.job_dir.mkdir(parents=True)
+    record = state.initial({**REQUEST, "TrainingJobName": "orphan"})
+    record[state.RUNNER_KEY] = {"Pid": 999999999, "CreateTime": 0.0}
+    state.write(paths.state_file, record)
+    code, out, _ = run(capsys, "status", "local://orphan")
+    assert code == 1 and "supervisor" in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["status", "no-scheme"], "not a job handle"),
+    (["status", "local://missing"], "no local job named 'missing'"),
+    (["stop", "ftp://x"], "unknown handle scheme"),
+    (["run", "--no-such-flag"], "No such option"),
+    (["run", "missing.yaml"], "no such file"),
+])
+def test_usage_and_config_errors_exit_2_on_stderr(root, capsys, argv, fragment):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and fragment in err
+
+
+def test_job_file_errors_exit_2(root, capsys):
+    (root.parent / "job.yaml").write_text(yaml.safe_dump({"entry_pont": "t.py"}))
+    code, out, err = run(capsys, "run", "job.yaml", "--local")
+    assert code == 2 and "did you mean 'entry_point'" in err
+
+
+def test_aws_credential_errors_exit_3(root, capsys, monkeypatch):
+    def no_credentials(handle):
+        raise botocore.exceptions.NoCredentialsError()
+
+    monkeypatch.setattr(cli, "sagemaker_job", no_credentials)
+    code, _, err = run(capsys, "status", "sagemaker://us-west-2/some-job")
+    assert code == 3 and "credentials" in err.lower()
+
+
+def test_interrupt_exits_130(root, capsys, monkeypatch):
+    def interrupted(handle):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "sagemaker_job", interrupted)
+    code, _, _ = run(capsys, "status", "sagemaker://us-west-2/some-job")
+    assert code == 130
+
+
+def test_config_init_and_show(root, capsys, tmp_path):
+    code, out, _ = run(capsys, "config", "init")
+    assert code == 0 and out.strip() == str(tmp_path / "xdg/shoal/config.yaml")
+    code, _, err = run(capsys, "config", "init")
+    assert code == 2 and "--force" in err
+    (tmp_path / "xdg/shoal/config.yaml").write_text("region: eu-west-1\nrole: user-role\n")
+    (tmp_path / "shoal.yaml").write_text("region: us-east-1\nvolume_size: 50\n")
+    code, out, _ = run(capsys, "config", "show", "--output", "json")
+    shown = json.loads(out)
+    assert shown["region"] == {"value": "eu-west-1", "from": "user"}
+    assert shown["volume_size"] == {"value": 50, "from": "project"}
+
+
+def test_env_lists_versions_and_no_secrets(root, capsys, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "verysecretvalue123")
+    code, out, _ = run(capsys, "env", "--output", "json")
+    report = json.loads(out)
+    assert code == 0
+    assert {"shoal", "python", "torch", "tensorflow", "open_mpi", "boto3", "platform"} <= set(report)
+    assert report["open_mpi"].startswith("mpirun (Open MPI)")
+    assert "verysecretvalue123" not in out and "testing" not in out

@@ -298,3 +298,56 @@ def stage_code(
             progress=progress,
         )
     return StagedCode(f"s3://{bucket}/{key}", script_name)
+
+
+def code_kms_key(bucket: str, output_path: str | None, output_kms_key: str | None,
+                 code_location: str | None) -> str | None:
+    """The output KMS key applies to the code only where the output goes too (as in v2)."""
+    if not output_kms_key:
+        return None
+    if code_location is None:
+        return output_kms_key
+    return output_kms_key if is_s3_uri(output_path) and parse_s3_uri(output_path)[0] == bucket else None
+
+
+def stage_for_job(
+    session,
+    job_name: str,
+    *,
+    entry_point: str,
+    source_dir: str | None = None,
+    dependencies: Sequence[str] = (),
+    code_location: str | None = None,
+    output_path: str | None = None,
+    output_kms_key: str | None = None,
+    ignore: Sequence[str] = DEFAULT_IGNORE,
+    transfer_config=None,
+    progress: bool | None = None,
+) -> StagedCode:
+    """Stage an estimator's code for ``job_name`` with a ``shoal.Session``.
+
+    The bucket is ``code_location``'s, else ``output_path``'s, else the session's default
+    bucket; the default bucket (Shoal's choice) is created if missing and every call to it
+    carries ``ExpectedBucketOwner``.
+    """
+    if is_s3_uri(source_dir):
+        return StagedCode(source_dir, entry_point)
+    bucket, key, chosen = code_destination(
+        job_name, code_location=code_location, output_path=output_path,
+        default_bucket=session.default_bucket,
+    )
+    owned = chosen or session.is_default_bucket(bucket)
+    return stage_code(
+        session.s3_client,
+        bucket=bucket,
+        key=key,
+        entry_point=entry_point,
+        source_dir=source_dir,
+        dependencies=dependencies,
+        ignore=ignore,
+        kms_key=code_kms_key(bucket, output_path, output_kms_key, code_location),
+        expected_owner=session.account_id() if owned else None,
+        region=session.region,
+        transfer_config=transfer_config,
+        progress=progress,
+    )

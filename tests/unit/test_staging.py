@@ -272,3 +272,58 @@ def test_gzip_header_has_no_file_name(code, tmp_path):
     flags = raw[3]
     assert flags & 0x08 == 0  # FNAME not set
     assert gzip.decompress(raw)  # and it is a valid gzip stream
+
+
+def test_code_kms_key_follows_v2():
+    assert staging.code_kms_key("ob", "s3://ob/out", "k", None) == "k"
+    assert staging.code_kms_key("cb", "s3://ob/out", "k", "s3://cb/p") is None
+    assert staging.code_kms_key("ob", "s3://ob/out", "k", "s3://ob/code") == "k"
+    assert staging.code_kms_key("ob", "s3://ob/out", None, None) is None
+
+
+@mock_aws
+def test_stage_for_job_uses_the_default_bucket_with_owner_check(code):
+    from shoal.session import Session
+
+    session = Session(boto_session=boto3.Session(region_name=REGION))
+    owners = []
+    session.s3_client.meta.events.register(
+        "provide-client-params.s3.*",
+        lambda params, model, **_: owners.append((model.name, params.get("ExpectedBucketOwner"))),
+    )
+    staged = staging.stage_for_job(
+        session, "job-9", entry_point="train.py", source_dir=str(code), progress=False
+    )
+    bucket = f"sagemaker-{REGION}-{ACCOUNT}"
+    assert staged.s3_uri == f"s3://{bucket}/job-9/source/sourcedir.tar.gz"
+    assert [op for op, owner in owners if owner != ACCOUNT] == ["CreateBucket"]
+    head = session.s3_client.head_object(Bucket=bucket, Key="job-9/source/sourcedir.tar.gz")
+    assert head["ServerSideEncryption"] == "AES256"
+
+
+@mock_aws
+def test_stage_for_job_in_a_user_bucket_with_kms(code):
+    from shoal.session import Session
+
+    session = Session(boto_session=boto3.Session(region_name=REGION))
+    s3 = session.s3_client
+    s3.create_bucket(Bucket="user-out", CreateBucketConfiguration={"LocationConstraint": REGION})
+    key_id = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]["KeyId"]
+    calls = []
+    s3.meta.events.register(
+        "provide-client-params.s3.*", lambda params, model, **_: calls.append((model.name, dict(params)))
+    )
+    staged = staging.stage_for_job(
+        session,
+        "job-10",
+        entry_point="train.py",
+        source_dir=str(code),
+        output_path="s3://user-out/results",
+        output_kms_key=key_id,
+        progress=False,
+    )
+    assert staged.s3_uri == "s3://user-out/job-10/source/sourcedir.tar.gz"
+    assert [op for op, _ in calls] == ["PutObject"]  # a user's bucket: no head/create
+    assert "ExpectedBucketOwner" not in calls[0][1]
+    head = s3.head_object(Bucket="user-out", Key="job-10/source/sourcedir.tar.gz")
+    assert head["ServerSideEncryption"] == "aws:kms"

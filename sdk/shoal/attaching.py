@@ -1,4 +1,4 @@
-"""Attaching to an existing training job: the estimator that launched it, rebuilt from
+"""Attaching to an existing training job (``shoal.attach``): the estimator that launched it,
 DescribeTrainingJob and ListTags, as the SageMaker Python SDK v2's ``attach`` does.
 
 :func:`init_params` is the pure half (description + tags -> estimator arguments);

@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 import boto3
 import pytest
 from botocore.stub import Stubber
-from shoal import attach as attach_mod
-from shoal.attach import (
+from shoal import attaching as attach_mod
+from shoal.attaching import (
     attach,
     framework_from_image,
     init_params,

@@ -26,15 +26,27 @@ def supported_versions(framework: str) -> list[str]:
     return [f"{s.framework_version} ({s.py_version})" for s in matrix.specs(framework)]
 
 
-def shoal_image_uri(framework: str, framework_version: str | None, py_version: str | None,
-                    instance_type: str | None, account: str, region: str) -> str:
-    """Shoal's training image for a framework version; ``ImageError`` lists the supported ones."""
-    spec = matrix.find(framework, framework_version or "", py_version) if framework_version else None
+def _spec(framework: str, framework_version: str | None, py_version: str | None):
+    spec = matrix.find(framework, framework_version, py_version) if framework_version else None
     if spec is None:
         wanted = f"{framework} {framework_version}" + (f" {py_version}" if py_version else "")
         raise ImageError(
             f"no Shoal image for {wanted}; supported: "
             f"{', '.join(supported_versions(framework)) or 'none'} (or pass image_uri=)")
+    return spec
+
+
+def local_image_name(framework: str, framework_version: str | None, py_version: str | None,
+                     instance_type: str | None) -> str:
+    """The image as a local build tags it (no registry): local mode needs no AWS account."""
+    spec = _spec(framework, framework_version, py_version)
+    return f"{spec.repository()}:{spec.tag(processor_for(instance_type))}"
+
+
+def shoal_image_uri(framework: str, framework_version: str | None, py_version: str | None,
+                    instance_type: str | None, account: str, region: str) -> str:
+    """Shoal's training image for a framework version; ``ImageError`` lists the supported ones."""
+    spec = _spec(framework, framework_version, py_version)
     return matrix.image_uri(spec, processor_for(instance_type), account, region)
 
 
@@ -47,5 +59,7 @@ def training_image_uri(framework: str | None, framework_version: str | None,
         return image_uri
     if framework is None:
         raise ImageError("image_uri is required for a generic Estimator")
+    if instance_type in ("local", "local_gpu"):
+        return local_image_name(framework, framework_version, py_version, instance_type)
     account = account() if callable(account) else account
     return shoal_image_uri(framework, framework_version, py_version, instance_type, account, region)

@@ -14,6 +14,12 @@ from shoal import naming
 from shoal.errors import ValidationError
 
 DEFAULT_MAX_ATTEMPTS = 10
+# Local mode needs no AWS: a region is only reported to the script (SM_* / sagemaker_region).
+LOCAL_REGION = "us-east-1"
+
+
+def _configured_region() -> str | None:
+    return boto3.Session().region_name
 
 
 def _user_configured_retries(boto_session: boto3.Session) -> bool:
@@ -38,16 +44,17 @@ class Session:
     ``Session(boto_session=boto3.Session(region_name="us-west-2"))``; any client may be
     passed in (``sagemaker_client=``, ``s3_client=``, ``sts_client=``, ``iam_client=``),
     otherwise it is made from ``boto_session`` with :func:`retry_config`. ``default_bucket``
-    overrides the ``sagemaker-{region}-{account}`` bucket.
+    overrides the ``sagemaker-{region}-{account}`` bucket. ``local_mode=True`` (what
+    ``instance_type="local"`` uses) works without any AWS configuration.
     """
-
-    local_mode = False
 
     def __init__(self, boto_session: boto3.Session | None = None, sagemaker_client=None,
                  s3_client=None, sts_client=None, iam_client=None,
                  default_bucket: str | None = None, default_bucket_prefix: str | None = None,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS):
-        self.boto_session = boto_session or boto3.Session()
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, local_mode: bool = False):
+        self.local_mode = local_mode
+        self.boto_session = boto_session or boto3.Session(
+            region_name=LOCAL_REGION if local_mode and not _configured_region() else None)
         if not self.boto_session.region_name:
             raise ValidationError(
                 "no AWS region: pass boto_session=boto3.Session(region_name=...) or set "

@@ -5,7 +5,8 @@ estimator built and returns a handle on the job; the estimator never does the I/
 - ``shoal.backends.local``: runs the job on this machine (``instance_type="local"`` or
   ``"local_gpu"``), with the same request.
 
-Both expose ``backend(session) -> Backend``.
+A backend module exposes ``backend(session)``, or a class (``LocalBackend``,
+``SageMakerBackend``) taking the session as its first argument.
 """
 
 from __future__ import annotations
@@ -48,14 +49,17 @@ class Backend(Protocol):
         """Start the job the request describes and return its handle."""
 
 
-def backend_module_name(instance_type: str | None, instance_groups=None) -> str:
-    """``shoal.backends.local`` for local instance types, ``shoal.backends.sagemaker`` else."""
-    if instance_type in LOCAL_INSTANCE_TYPES:
-        return "shoal.backends.local"
-    return "shoal.backends.sagemaker"
+def backend_name(instance_type: str | None) -> str:
+    """``local`` for the local instance types, ``sagemaker`` otherwise."""
+    return "local" if instance_type in LOCAL_INSTANCE_TYPES else "sagemaker"
+
+
+_CLASS_NAMES = {"local": "LocalBackend", "sagemaker": "SageMakerBackend"}
 
 
 def backend_for(instance_type: str | None, session) -> Backend:
     """The backend that runs jobs of this instance type, bound to ``session``."""
-    module = importlib.import_module(backend_module_name(instance_type))
-    return module.backend(session)
+    name = backend_name(instance_type)
+    module = importlib.import_module(f"shoal.backends.{name}")
+    factory = getattr(module, "backend", None) or getattr(module, _CLASS_NAMES[name])
+    return factory(session)

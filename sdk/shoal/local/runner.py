@@ -25,6 +25,7 @@ from ..errors import ShoalError
 from . import layout, process, state, storage
 
 FAILURE_LIMIT = 1024
+TIMEOUT_EXIT = 124  # simulate.run_job's code when MaxRuntimeInSeconds ran out
 
 
 class Supervisor:
@@ -33,7 +34,6 @@ class Supervisor:
         self.request = json.loads(self.paths.request_file.read_text())
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
-        self.launcher: psutil.Process | None = None
 
     # -- state -----------------------------------------------------------------------------
     def move(self, status: str, message: str | None = None, **fields) -> None:
@@ -44,6 +44,7 @@ class Supervisor:
 
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
+        code = local_code(self.request)
         for host in self.hosts:
             config = self.paths.config_dir(host)
             config.mkdir(parents=True, exist_ok=True)
@@ -51,6 +52,11 @@ class Supervisor:
                 (config / name).write_text(json.dumps(content, indent=1))
             for sub in ("model", "output/data", "code"):
                 (self.paths.host_dir(host) / sub).mkdir(parents=True, exist_ok=True)
+            if code:
+                # The launcher takes a path or s3:// URI; a file:// URI is resolved here.
+                from shoal.launcher.source import fetch_code
+
+                fetch_code(code, str(self.paths.host_dir(host) / "code"))
 
     def download(self) -> None:
         for channel, uri in layout.channel_sources(self.request).items():
@@ -83,13 +89,13 @@ class Supervisor:
     def train(self) -> int:
         from shoal.launcher import simulate
 
-        return simulate.run_job(self.paths.job_dir, self.hosts, on_start=self.track)
-
-    def track(self, proc) -> None:
-        """Remember the launcher's process so that a stop ends its whole tree."""
-        self.launcher = psutil.Process(proc.pid)
-        if self.stopping.is_set():
-            process.terminate_tree(self.launcher)
+        limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
+        environment = {**os.environ, **(self.request.get("Environment") or {})}
+        say(f"running {len(self.hosts)} host(s) with {sys.executable} "
+            f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
+            f"locally)")
+        return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
+                                env=environment)
 
     def upload(self) -> dict:
         s3_uri, local_path = layout.checkpoint_config(self.request)
@@ -126,8 +132,8 @@ class Supervisor:
                 return 1
             self.move("Training")
             code = self.train()
-            if self.stopping.is_set():
-                self.move("Stopped")
+            if code == TIMEOUT_EXIT:
+                self.move("MaxRuntimeExceeded")
                 return 1
             self.move("Uploading")
             artifacts = self.upload()
@@ -136,20 +142,42 @@ class Supervisor:
                 return 0
             self.move("Failed", FailureReason=self.failure_reason(code), **artifacts)
             return 1
-        except Exception as error:  # the record must end in a terminal state whatever happened
-            if self.stopping.is_set():
-                self.move("Stopped")
-            else:
-                self.move("Failed", FailureReason=f"ClientError: {error}"[:FAILURE_LIMIT])
+        except StopRequested:
+            self.move("Stopped")
             return 1
+        except Exception as error:  # the record must end in a terminal state whatever happened
+            self.move("Failed", FailureReason=f"ClientError: {error}"[:FAILURE_LIMIT])
+            return 1
+        finally:
+            end_descendants()
 
     def on_signal(self, signum, frame) -> None:
+        """Stop: unwind the current phase; ``simulate.run_job`` ends its hosts as it unwinds."""
         if self.stopping.is_set():
             return
         self.stopping.set()
         self.move("Stopping")
-        if self.launcher is not None:
-            threading.Thread(target=process.terminate_tree, args=(self.launcher,), daemon=True).start()
+        raise StopRequested()
+
+
+class StopRequested(BaseException):
+    """Raised in the supervisor's main thread by SIGTERM/SIGINT (BaseException: not a failure)."""
+
+
+def end_descendants() -> None:
+    """Nothing the job started may outlive it (ranks, orted, a stray child of the script)."""
+    me = psutil.Process()
+    for child in me.children(recursive=False):
+        process.terminate_tree(child, grace=5)
+
+
+def local_code(request: dict) -> str | None:
+    """The local path of ``sagemaker_submit_directory`` when it is a ``file://`` URI."""
+    raw = (request.get("HyperParameters") or {}).get("sagemaker_submit_directory")
+    value = json.loads(raw) if raw else None
+    if isinstance(value, str) and value.startswith("file://"):
+        return str(storage.file_path(value))
+    return None
 
 
 def output_prefix(request: dict) -> str:

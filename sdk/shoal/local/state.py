@@ -17,7 +17,7 @@ TERMINAL = ("Completed", "Failed", "Stopped")
 PRIMARY = {
     "Starting": "InProgress", "Downloading": "InProgress", "Training": "InProgress",
     "Uploading": "InProgress", "Stopping": "Stopping", "Completed": "Completed",
-    "Failed": "Failed", "Stopped": "Stopped",
+    "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped",
 }
 MESSAGES = {
     "Starting": "Preparing the local hosts for training",
@@ -28,6 +28,7 @@ MESSAGES = {
     "Completed": "Training job completed",
     "Failed": "Training job failed",
     "Stopped": "Training job stopped",
+    "MaxRuntimeExceeded": "Training job ran longer than MaxRuntimeInSeconds and was stopped",
 }
 TIME_KEYS = ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime",
              "StartTime", "EndTime")
@@ -70,7 +71,7 @@ def transition(record: dict, status: str, message: str | None = None) -> dict:
         transitions[-1]["EndTime"] = at.isoformat()
     entry = {"Status": status, "StartTime": at.isoformat(),
              "StatusMessage": message or MESSAGES[status]}
-    if status in TERMINAL:
+    if PRIMARY[status] in TERMINAL:
         entry["EndTime"] = at.isoformat()
     transitions.append(entry)
     record["SecondaryStatus"] = status
@@ -78,7 +79,7 @@ def transition(record: dict, status: str, message: str | None = None) -> dict:
     record["LastModifiedTime"] = at.isoformat()
     if status == "Training":
         record["TrainingStartTime"] = at.isoformat()
-    if status in TERMINAL:
+    if PRIMARY[status] in TERMINAL:
         record["TrainingEndTime"] = at.isoformat()
         start = _decode(record.get("TrainingStartTime") or record["CreationTime"], "T")
         seconds = max(0, int((at - start).total_seconds()))

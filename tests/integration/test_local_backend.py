@@ -1,0 +1,178 @@
+"""Local mode end to end, from a hand-written CreateTrainingJob request: real processes,
+the real launcher and mpirun spanning simulated hosts, file:// and s3:// (moto server) data."""
+
+import json
+import os
+import tarfile
+import textwrap
+import time
+
+import boto3
+import psutil
+import pytest
+
+from shoal.backends.local import LocalBackend, LocalTrainingJob
+from shoal.errors import JobFailedError, JobStoppedError
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+RANK_SCRIPT = """
+import json, os, sys
+print("script started", flush=True)
+out = os.environ["SM_MODEL_DIR"]
+info = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                       "SHOAL_HOST", "SM_CURRENT_HOST")}
+info["channel"] = sorted(os.listdir(os.environ["SM_CHANNEL_TRAIN"]))
+with open(os.path.join(out, "rank-%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump(info, f)
+ckpt = os.path.join(os.environ["SAGEMAKER_BASE_DIR"], "checkpoints")
+if os.path.isdir(ckpt):
+    with open(os.path.join(ckpt, "step-%s.txt" % os.environ["RANK"]), "w") as f:
+        f.write("seen:" + ",".join(sorted(os.listdir(ckpt))))
+if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+    raise ZeroDivisionError("rank %s divided by zero" % os.environ["RANK"])
+if os.environ.get("SLEEP"):
+    import time
+    time.sleep(float(os.environ["SLEEP"]))
+"""
+
+
+def request(tmp_path, name, hosts=2, per_host=2, env=None, inputs=None, output=None, extra=None):
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(textwrap.dedent(RANK_SCRIPT))
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "part-0.csv").write_text("1,2\n")
+    hps = {
+        "sagemaker_program": "train.py",
+        "sagemaker_submit_directory": code.as_uri(),
+        "sagemaker_distributed_dataparallel_enabled": True,
+        "sagemaker_mpi_num_of_processes_per_host": per_host,
+        "sagemaker_job_name": name,
+    }
+    return {
+        "TrainingJobName": name,
+        "AlgorithmSpecification": {"TrainingImage": "shoal-pytorch-training:1.13.1-cpu-py39",
+                                   "TrainingInputMode": "File"},
+        "RoleArn": "arn:aws:iam::111122223333:role/R",
+        "HyperParameters": {k: json.dumps(v) for k, v in hps.items()},
+        "InputDataConfig": [{"ChannelName": "train", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": inputs or data.as_uri(),
+            "S3DataDistributionType": "FullyReplicated"}}}],
+        "OutputDataConfig": {"S3OutputPath": output or (tmp_path / "out").as_uri()},
+        "ResourceConfig": {"InstanceType": "local", "InstanceCount": hosts, "VolumeSizeInGB": 30},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 300},
+        "Environment": env or {},
+        **(extra or {}),
+    }
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    return tmp_path / "jobs"
+
+
+def job_processes(job_dir):
+    """Live processes that belong to the job (its tree carries the job dir in argv or env)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + json.dumps(proc.info["environ"] or {})
+        except psutil.Error:
+            continue
+        if str(job_dir) in text and proc.pid != os.getpid():
+            found.append(proc)
+    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def members(archive):
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_job_completes_with_every_rank_and_the_model_archive(tmp_path, root, capsys, hosts):
+    job = LocalBackend(root=root).submit(request(tmp_path, f"ok-{hosts}", hosts=hosts))
+    description = job.wait()
+    assert description["TrainingJobStatus"] == "Completed"
+    assert [t["Status"] for t in description["SecondaryStatusTransitions"]] == [
+        "Starting", "Downloading", "Training", "Uploading", "Completed"]
+    assert job.model_data == (tmp_path / "out" / "model.tar.gz").as_uri()
+    files = members(tmp_path / "out" / "model.tar.gz")
+    ranks = [json.loads(files[f"rank-{r}.json"]) for r in range(2 * hosts)]
+    assert {r["WORLD_SIZE"] for r in ranks} == {str(2 * hosts)}
+    assert sorted((r["SHOAL_HOST"], r["LOCAL_RANK"]) for r in ranks) == sorted(
+        (f"algo-{h}", str(lr)) for h in range(1, hosts + 1) for lr in range(2))
+    assert all(r["channel"] == ["part-0.csv"] for r in ranks)
+    assert (tmp_path / "out" / "output.tar.gz").exists()
+    config = json.loads((root / f"ok-{hosts}/algo-1/input/config/resourceconfig.json").read_text())
+    assert config["hosts"] == [f"algo-{h}" for h in range(1, hosts + 1)]
+    log = (root / f"ok-{hosts}" / "logs.txt").read_text()
+    assert "script started" in log
+    assert not job_processes(root / f"ok-{hosts}")
+    # Another process (here: a fresh handle) sees the same record.
+    assert LocalTrainingJob.attach(f"ok-{hosts}", root).describe()["TrainingJobStatus"] == "Completed"
+
+
+def test_failing_rank_fails_the_job_with_its_root_cause(tmp_path, root, capsys):
+    job = LocalBackend(root=root).submit(request(tmp_path, "bad", env={"FAIL_RANK": "1"}))
+    with pytest.raises(JobFailedError) as error:
+        job.wait()
+    assert error.value.job_name == "bad"
+    assert "ZeroDivisionError" in error.value.reason
+    assert job.describe()["FailureReason"] == error.value.reason
+    assert not job_processes(root / "bad")
+
+
+def test_stop_ends_the_whole_process_tree(tmp_path, root, capsys):
+    job = LocalBackend(root=root).submit(request(tmp_path, "slow", env={"SLEEP": "120"}))
+    deadline = time.monotonic() + 60
+    while "script started" not in job.paths.log_file.read_text():
+        assert time.monotonic() < deadline, job.paths.log_file.read_text()
+        time.sleep(0.2)
+    assert job_processes(root / "slow")
+    job.stop(wait=True)
+    with pytest.raises(JobStoppedError):
+        job.wait(logs=None)
+    assert job.describe()["SecondaryStatus"] == "Stopped"
+    assert not job_processes(root / "slow")
+
+
+@pytest.fixture
+def s3_server(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://{host}:{port}")
+    from shoal.local import storage
+
+    monkeypatch.setattr(storage, "_s3_client", None)
+    yield boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-west-2")
+    server.stop()
+
+
+def test_s3_inputs_outputs_and_checkpoints_through_a_local_s3_server(tmp_path, root, s3_server,
+                                                                     capsys):
+    s3 = s3_server
+    s3.create_bucket(Bucket="data-bkt", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket="data-bkt", Key="train/a.csv", Body=b"1\n")
+    s3.put_object(Bucket="data-bkt", Key="train/sub/b.csv", Body=b"2\n")
+    s3.put_object(Bucket="data-bkt", Key="ckpt/step-0.txt", Body=b"old")
+    req = request(tmp_path, "s3-job", hosts=2, per_host=1, inputs="s3://data-bkt/train",
+                  output="s3://data-bkt/out",
+                  extra={"CheckpointConfig": {"S3Uri": "s3://data-bkt/ckpt"}})
+    job = LocalBackend(root=root).submit(req)
+    job.wait()
+    assert job.model_data == "s3://data-bkt/out/s3-job/output/model.tar.gz"
+    archive = tmp_path / "model.tar.gz"
+    s3.download_file("data-bkt", "out/s3-job/output/model.tar.gz", str(archive))
+    ranks = [json.loads(v) for k, v in members(archive).items() if k.startswith("rank-")]
+    assert [r["channel"] for r in ranks] == [["a.csv", "sub"], ["a.csv", "sub"]]
+    s3.head_object(Bucket="data-bkt", Key="out/s3-job/output/output.tar.gz")
+    # Restored at the start (every host saw step-0.txt), saved at the end.
+    saved = s3.get_object(Bucket="data-bkt", Key="ckpt/step-1.txt")["Body"].read().decode()
+    assert saved == "seen:step-0.txt"

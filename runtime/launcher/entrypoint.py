@@ -1,0 +1,276 @@
+"""``train``: the container entry point of a Shoal (or SageMaker) training job.
+
+Reads the job's /opt/ml configuration, fetches and installs the code, exports the ``SM_*``
+environment, picks the runner (see :mod:`shoal.launcher.runners`) and runs it:
+
+* process / torchrun / parameter server: every host runs its own processes;
+* MPI and data-parallel: the master host runs mpirun (with ``shoal-rank`` per rank) once
+  every worker is ready; workers wait for the outcome (:mod:`shoal.launcher.cluster`).
+
+Every host ends with ``output/success`` or ``output/failure`` and a matching exit code.
+SIGTERM is forwarded to every rank, with SIGKILL after ``SHOAL_STOP_GRACE`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from shoal.errors import LaunchError, ShoalError
+from shoal.launcher import cluster, failure, mpi, runners, source
+from shoal.launcher.environment import (
+    TrainingEnvironment,
+    load_environment,
+    process_env_vars,
+    sm_env_vars,
+)
+from shoal.launcher.paths import JobPaths
+from shoal.launcher.rank import job_id
+from shoal.launcher.runners import Runner
+from shoal.launcher.simulate import LOOPBACK, SIMULATED_ROOT_ENV, agent_command
+from shoal.launcher.supervisor import (
+    Outcome,
+    Supervisor,
+    become_subreaper,
+    exit_status,
+    install_stop_handlers,
+)
+
+log = logging.getLogger("shoal.launcher")
+
+
+def _float_env(environ: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return float(environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _tool(name: str) -> str:
+    """A console script next to this interpreter when there is one (venvs), else by name."""
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    return local if os.path.exists(local) else name
+
+
+class Launch:
+    """One host's part of a job: the parsed configuration and the pieces built from it."""
+
+    def __init__(self, job: TrainingEnvironment, environ: Mapping[str, str]) -> None:
+        self.job, self.environ = job, dict(environ)
+        self.simulated = bool(environ.get(SIMULATED_ROOT_ENV))
+        self.dist = runners.Distribution.from_params(job.additional_framework_parameters)
+        self.hosts = job.distribution_hosts or list(job.hosts)
+        in_dist = job.current_instance_group in job.distribution_instance_groups
+        self.runner = runners.choose_runner(self.dist, len(self.hosts), in_dist)
+        self.ppn = self.dist.ranks_per_host(job.num_gpus)
+        self.interface = LOOPBACK if self.simulated else job.network_interface_name
+        self.master_addr = environ.get("SHOAL_MASTER_ADDR") or job.master_hostname
+        self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
+
+    def sm_vars(self) -> dict[str, str]:
+        return sm_env_vars(self.job)
+
+    def env(self) -> dict[str, str]:
+        """The environment of the job's processes on this host."""
+        env = {**self.environ, **process_env_vars(self.job, self.environ), **self.sm_vars()}
+        env.setdefault("SHOAL_HOST", self.job.current_host)
+        env.setdefault("LD_LIBRARY_PATH", "")  # mpirun -x warns about unset variables
+        env["SHOAL_JOB_ID"] = job_id(env)
+        env["SHOAL_NETWORK_INTERFACE"] = self.interface
+        env["MASTER_ADDR"] = self.master_addr
+        env["MASTER_PORT"] = self.environ.get("SHOAL_MASTER_PORT", runners.TORCH_MASTER_PORT)
+        if self.dist.multi_worker_mirrored:
+            config = runners.multi_worker_mirrored_tf_config(self.hosts, self.job.current_host)
+            env["TF_CONFIG"] = json.dumps(config)
+        added = sorted(set(env) - set(self.environ))
+        log.info("exporting %d variables: %s", len(added), ", ".join(added))
+        return env
+
+    def user_command(self, python: list[str]) -> list[str]:
+        entry = self.job.user_entry_point
+        if not entry:
+            raise LaunchError("no entry point: sagemaker_program is not set")
+        kind = runners.entry_point_kind(self.job.paths.code_dir, entry)
+        return runners.user_command(kind, entry, self.job.to_cmd_args(), python)
+
+    def mpirun_argv(self) -> list[str]:
+        dp = self.runner is Runner.DATAPARALLEL
+        plan = mpi.MpiPlan(
+            hosts=self.hosts,
+            processes_per_host=self.ppn,
+            network_interface=self.interface,
+            instance_type=self.dist.instance_type or self.job.current_instance_type,
+            custom_mpi_options=(
+                self.dist.dataparallel_custom_options if dp else self.dist.mpi_custom_options
+            ),
+            num_processes=None if dp else self.dist.num_processes,
+            preload=self.environ.get("SHOAL_GETHOSTNAME_PRELOAD") or None,
+            env_names=tuple(self.sm_vars()),
+            rsh_agent=agent_command() if self.simulated else None,
+            rank_wrapper=_tool(mpi.RANK_WRAPPER),
+        )
+        command = self.user_command([sys.executable, "-m", "mpi4py"])
+        build = mpi.dataparallel_argv if dp else mpi.mpi_argv
+        return build(plan, command)
+
+    def supervise(self, argv: list[str], env: Mapping[str, str], keep=()) -> Outcome:
+        sup = Supervisor(argv, env, self.job.paths.code_dir, hosts=self.hosts,
+                         ranks_per_host=self.ppn, grace=self.grace, keep=keep)  # fmt: skip
+        install_stop_handlers(sup)
+        return sup.run()
+
+
+def _finish(paths: JobPaths, outcome: Outcome) -> tuple[int, str]:
+    if outcome.ok:
+        failure.write_success(paths)
+        return 0, ""
+    text = failure.failure_message(outcome)
+    failure.write_failure(paths, text)
+    log.error("training failed: %s", text.splitlines()[0])
+    return exit_status(outcome), text
+
+
+def run_master(launch: Launch) -> int:
+    workers = [h for h in launch.hosts if h != launch.job.current_host]
+    port = int(launch.environ.get("SHOAL_STATUS_PORT", cluster.STATUS_PORT))
+    timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
+    status = cluster.StatusServer(port) if workers else None
+    sshd = None
+    try:
+        if workers and not launch.simulated:
+            sshd = cluster.start_sshd()
+            cluster.wait_for_ports(workers, 22, timeout)
+        if status:
+            status.wait_for_workers(workers, timeout)
+        keep = [sshd.pid] if sshd else []
+        outcome = launch.supervise(launch.mpirun_argv(), launch.env(), keep)
+        code, text = _finish(launch.job.paths, outcome)
+    except BaseException as e:
+        if status:
+            status.publish(cluster.JobStatus(1, f"the master failed: {e}"))
+            status.close(workers, linger=5.0)
+        raise
+    if status:
+        status.publish(cluster.JobStatus(code, text))
+        status.close(workers, linger=_float_env(launch.environ, "SHOAL_STATUS_LINGER", 60.0))
+    return code
+
+
+def run_worker(launch: Launch) -> int:
+    if not launch.simulated:
+        cluster.start_sshd()
+    port = int(launch.environ.get("SHOAL_STATUS_PORT", cluster.STATUS_PORT))
+    timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
+    log.info("waiting for the master %s to run the job", launch.master_addr)
+    status = cluster.wait_for_outcome(launch.master_addr, port, timeout, me=launch.job.current_host)
+    paths = launch.job.paths
+    if status.exit_code == 0:
+        failure.write_success(paths)
+    else:
+        failure.write_failure(paths, status.message or "the job failed on the master host")
+    return status.exit_code
+
+
+def run_torchrun(launch: Launch) -> int:
+    env = launch.env()
+    itype = launch.dist.instance_type or launch.job.current_instance_type
+    if itype in mpi.EFA_NCCL_INSTANCES:
+        env["FI_PROVIDER"] = "efa"
+    if itype in mpi.EFA_RDMA_INSTANCES:
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    env["NCCL_SOCKET_IFNAME"] = launch.interface
+    argv = runners.torchrun_argv(
+        launch.hosts, launch.job.current_host, launch.ppn, launch.job.user_entry_point,
+        launch.job.to_cmd_args(), master_addr=launch.master_addr,
+        master_port=env["MASTER_PORT"], torchrun=_tool("torchrun"),
+    )  # fmt: skip
+    return _finish(launch.job.paths, launch.supervise(argv, env))[0]
+
+
+_PS_SERVER = (
+    "import json, os, tensorflow as tf\n"
+    "c = json.loads(os.environ['TF_CONFIG'])\n"
+    "tf.distribute.Server(tf.train.ClusterSpec(c['cluster']), job_name='ps',"
+    " task_index=c['task']['index'], config=tf.compat.v1.ConfigProto(device_count={'GPU': 0})"
+    ").join()\n"
+)
+
+
+def run_parameter_server(launch: Launch) -> int:
+    env = launch.env()
+    host = launch.job.current_host
+    ps_env = {**env, "TF_CONFIG": json.dumps(runners.parameter_server_tf_config(
+        launch.hosts, host, ps_task=True)), "CUDA_VISIBLE_DEVICES": "-1"}  # fmt: skip
+    ps = subprocess.Popen([sys.executable, "-c", _PS_SERVER], env=ps_env)
+    env["TF_CONFIG"] = json.dumps(runners.parameter_server_tf_config(launch.hosts, host))
+    try:
+        outcome = launch.supervise(launch.user_command([sys.executable]), env, keep=[ps.pid])
+    finally:
+        ps.terminate()
+        try:
+            ps.wait(timeout=launch.grace)
+        except subprocess.TimeoutExpired:
+            ps.kill()
+    return _finish(launch.job.paths, outcome)[0]
+
+
+def run_process(launch: Launch) -> int:
+    argv = launch.user_command([sys.executable])
+    return _finish(launch.job.paths, launch.supervise(argv, launch.env()))[0]
+
+
+def train(paths: JobPaths, environ: Mapping[str, str] = os.environ) -> int:
+    """Run this host's part of the job; the exit code."""
+    try:
+        job = load_environment(paths, environ)
+        paths.ensure_output_dirs()
+        source.fetch_code(job.module_dir, paths.code_dir, environ=environ)
+        source.install_dependencies(paths.code_dir)
+        launch = Launch(job, environ)
+        log.info("host %s of %s; runner %s; %d process(es) per host", job.current_host,
+                 launch.hosts, launch.runner.value, launch.ppn)  # fmt: skip
+        if launch.runner in (Runner.MPI, Runner.DATAPARALLEL):
+            if launch.job.current_host == launch.hosts[0]:
+                return run_master(launch)
+            return run_worker(launch)
+        if launch.runner is Runner.TORCH_DISTRIBUTED:
+            return run_torchrun(launch)
+        if launch.runner is Runner.PARAMETER_SERVER:
+            return run_parameter_server(launch)
+        return run_process(launch)
+    except ShoalError as e:
+        log.error("%s", e)
+        failure.write_failure(paths, failure.startup_failure_message(e))
+        return e.exit_code
+    except Exception as e:  # the failure file must say why, whatever broke
+        log.exception("launcher error")
+        failure.write_failure(paths, failure.startup_failure_message(e))
+        return 1
+
+
+def _configure_logging(environ: Mapping[str, str]) -> None:
+    level = environ.get("SM_LOG_LEVEL") or environ.get("SAGEMAKER_CONTAINER_LOG_LEVEL") or "20"
+    logging.basicConfig(
+        level=int(level) if level.isdigit() else logging.INFO,
+        format="%(asctime)s shoal-train %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    _configure_logging(os.environ)
+    become_subreaper()
+    signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
+    if not shutil.which("mpirun"):
+        log.debug("mpirun not on PATH; only non-MPI runners can work")
+    sys.exit(train(JobPaths.from_environ(os.environ), os.environ))
+
+
+if __name__ == "__main__":
+    main()

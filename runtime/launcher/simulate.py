@@ -1,0 +1,134 @@
+"""Two or more simulated hosts on one machine, for tests and local mode.
+
+``run_job(job_root, hosts)`` expects ``job_root/<host>/`` to be an /opt/ml-shaped tree per
+host, already written by the caller (``input/config/*.json`` with ``current_host`` set to
+that host, ``code/`` or ``sagemaker_submit_directory``). It starts one ``train`` process per
+host with that host's environment and returns the job's exit code (the master's, or the
+first non-zero one).
+
+How the hosts stay apart on one machine:
+
+* each ``train`` gets ``SAGEMAKER_BASE_DIR=job_root/<host>`` and ``SHOAL_HOST=<host>``;
+* ``SHOAL_SIMULATED_ROOT=job_root`` tells the launcher to skip sshd, to use the loopback
+  interface, and to give mpirun ``-mca plm_rsh_agent "<python> -m shoal.launcher.simulate"``:
+  Open MPI then "ssh"es to ``algo-2`` through this module's :func:`agent_main`, which runs
+  the remote command (Open MPI's ``orted``) locally with algo-2's ``SAGEMAKER_BASE_DIR`` and
+  ``SHOAL_HOST``. Every simulated host gets its own ``orted``, so Open MPI and the
+  collective core (which groups ranks by ``SHOAL_HOST``) treat them as different hosts;
+* the master and status ports are allocated per job (``SHOAL_MASTER_PORT``,
+  ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
+  collide.
+
+Example::
+
+    from shoal.launcher.simulate import run_job
+    code = run_job("/tmp/job", ["algo-1", "algo-2"], timeout=600)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+import psutil
+
+SIMULATED_ROOT_ENV = "SHOAL_SIMULATED_ROOT"
+LOOPBACK = "lo"
+
+
+def agent_command(python: str = sys.executable) -> str:
+    """The ``plm_rsh_agent`` value that runs remote commands on simulated hosts."""
+    return f"{python} -m shoal.launcher.simulate"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_environment(job_root: str, host: str, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of one simulated host's processes (pure)."""
+    return {
+        **base,
+        "SAGEMAKER_BASE_DIR": os.path.join(os.path.abspath(job_root), host),
+        "SHOAL_HOST": host,
+        SIMULATED_ROOT_ENV: os.path.abspath(job_root),
+        "SHOAL_MASTER_ADDR": "127.0.0.1",
+    }
+
+
+def _end(procs: Sequence[subprocess.Popen], grace: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for child in _tree(p.pid):
+                child.kill()
+            p.wait()
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def run_job(
+    job_root: str,
+    hosts: Sequence[str],
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+    grace: float = 15.0,
+) -> int:
+    """Run ``train`` for every simulated host; the job's exit code."""
+    hosts = sorted(hosts)
+    base = dict(os.environ if env is None else env)
+    base.setdefault("SHOAL_MASTER_PORT", str(free_port()))
+    base.setdefault("SHOAL_STATUS_PORT", str(free_port()))
+    procs = []
+    for host in hosts:
+        host_env = host_environment(job_root, host, base)
+        procs.append(subprocess.Popen([python, "-m", "shoal.launcher.entrypoint"], env=host_env))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=None if deadline is None else max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _end(procs, grace)
+        return 124
+    except BaseException:
+        _end(procs, grace)
+        raise
+    codes = [p.returncode for p in procs]
+    return codes[0] or next((c for c in codes if c), 0)
+
+
+def agent_main(argv: Sequence[str]) -> None:
+    """``plm_rsh_agent``: run ``argv[1:]`` (a shell command) locally as host ``argv[0]``."""
+    if len(argv) < 2:
+        sys.exit("usage: python -m shoal.launcher.simulate <host> <command...>")
+    host, words = argv[0], [w for w in argv[1:] if w.strip() != "--daemonize"]
+    root = os.environ.get(SIMULATED_ROOT_ENV)
+    if not root:
+        sys.exit(f"{SIMULATED_ROOT_ENV} is not set: not a simulated job")
+    env = host_environment(root, host, os.environ)
+    # orted stays this process (no --daemonize) so it remains in mpirun's process tree.
+    os.execve("/bin/sh", ["/bin/sh", "-c", " ".join(words)], env)
+
+
+if __name__ == "__main__":
+    agent_main(sys.argv[1:])

@@ -1,0 +1,280 @@
+"""Running the job's top process (mpirun, torchrun or the script) and everything below it.
+
+:class:`Supervisor` starts the command in its own session, streams its output with every
+Open MPI tag ``[1,R]<stdout>:`` rewritten to name the rank's host
+(``[1,mpirank:R,algo-2]<stdout>:``), keeps the last lines of each rank, and notices the
+first rank failure (``shoal-rank``'s ``SHOAL_RANK_FAILED`` line, else mpirun's own
+abort messages). :meth:`Supervisor.stop` forwards SIGTERM and escalates to SIGKILL after
+a grace period; when the top process is gone, any process left below the launcher is
+ended too (the launcher is a child subreaper, so orphans stay in its psutil tree).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+import attrs
+import psutil
+from shoal.launcher.rank import FAILURE_MARKER
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 30
+_TAG = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr)>:")
+# Open MPI tags every write, so a line written in pieces carries the tag several times.
+_INNER_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
+_ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
+_SIGNALLED = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \((\w+)\))?"
+)
+_PROC_NAME = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]")
+_EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@attrs.frozen
+class RankFailure:
+    """The first rank that failed: who, where, and how it ended."""
+
+    rank: int | None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+
+
+@attrs.frozen
+class Outcome:
+    returncode: int
+    command: tuple[str, ...] = attrs.field(converter=tuple)
+    failure: RankFailure | None = None
+    rank_tails: dict = attrs.field(factory=dict)
+    tail: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stopped_by: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def end_processes(procs: Sequence[psutil.Process], grace: float) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, SIGKILL the rest."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def end_descendants(grace: float = 5.0, keep: Sequence[int] = ()) -> None:
+    """End every process below this one except ``keep`` and their descendants."""
+    me = psutil.Process()
+    kept = set(keep)
+    for pid in list(kept):
+        try:
+            kept.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    procs = [p for p in me.children(recursive=True) if p.pid not in kept]
+    if procs:
+        end_processes(procs, grace)
+
+
+class _Stream(threading.Thread):
+    def __init__(self, supervisor: Supervisor, pipe, out) -> None:
+        super().__init__(daemon=True)
+        self.supervisor, self.pipe, self.out = supervisor, pipe, out
+
+    def run(self) -> None:
+        for raw in iter(self.pipe.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.out.write(self.supervisor.handle_line(line) + "\n")
+            self.out.flush()
+
+
+class Supervisor:
+    """One supervised top process; see the module docstring."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        *,
+        hosts: Sequence[str] = (),
+        ranks_per_host: int = 1,
+        grace: float = 10.0,
+        failure_timeout: float = 15.0,
+        keep: Sequence[int] = (),
+    ) -> None:
+        self.argv = list(argv)
+        self.env, self.cwd = dict(env), cwd
+        self.hosts, self.ranks_per_host = list(hosts), max(1, ranks_per_host)
+        self.grace, self.failure_timeout, self.keep = grace, failure_timeout, tuple(keep)
+        self._lock = threading.Lock()
+        self._tails: dict[int, collections.deque] = {}
+        self._tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        self._failure: RankFailure | None = None
+        self._failure_at: float | None = None
+        self._pending_proc: int | None = None
+        self._stop_signal: int | None = None
+        self._stop_at: float | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def host_of(self, rank: int) -> str | None:
+        index = rank // self.ranks_per_host
+        return self.hosts[index] if 0 <= index < len(self.hosts) else None
+
+    def handle_line(self, line: str) -> str:
+        """Record one output line; return it as printed (host-tagged)."""
+        match = _TAG.match(line)
+        rank = int(match.group(2)) if match else None
+        text = _INNER_TAG.sub("", line[match.end():]) if match else line
+        with self._lock:
+            if rank is not None:
+                self._tails.setdefault(rank, collections.deque(maxlen=TAIL_LINES)).append(text)
+            self._tail.append(text)
+            self._scan(text, rank)
+        if not match:
+            return line
+        host = self.host_of(rank) or "?"
+        return f"[{match.group(1)},mpirank:{rank},{host}]<{match.group(3)}>:{text}"
+
+    def _record(self, failure: RankFailure) -> None:
+        if self._failure is None:
+            self._failure = failure
+            self._failure_at = time.monotonic()
+
+    def _scan(self, text: str, rank: int | None) -> None:
+        stripped = text.strip()
+        if stripped.startswith(FAILURE_MARKER):
+            try:
+                rec = json.loads(stripped[len(FAILURE_MARKER):])
+                self._record(RankFailure(rec.get("rank"), rec.get("host"),
+                                         rec.get("exit_code"), rec.get("signal")))  # fmt: skip
+            except ValueError:
+                pass
+            return
+        if m := _ABORT.search(text):
+            r = int(m.group(1))
+            self._record(RankFailure(r, self.host_of(r), None, None))
+        elif m := _SIGNALLED.search(text):
+            r, sig = int(m.group(1)), int(m.group(3))
+            name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+            self._record(RankFailure(r, m.group(2), 128 + sig, name))
+        elif m := _PROC_NAME.search(text):
+            self._pending_proc = int(m.group(1))
+        elif (m := _EXIT_CODE.search(text)) and self._pending_proc is not None:
+            r = self._pending_proc
+            self._record(RankFailure(r, self.host_of(r), int(m.group(1)), None))
+
+    def start(self) -> None:
+        log.info("running: %s", " ".join(self._printable()))
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=self.cwd, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        self._streams = [_Stream(self, self.proc.stdout, sys.stdout),
+                         _Stream(self, self.proc.stderr, sys.stderr)]  # fmt: skip
+        for s in self._streams:
+            s.start()
+
+    def _printable(self) -> list[str]:
+        from shoal.launcher.redaction import redact_argv
+
+        return redact_argv(self.argv)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Forward ``signum`` to the top process; SIGKILL everything after the grace."""
+        if self._stop_signal is None:
+            self._stop_signal, self._stop_at = signum, time.monotonic()
+        if self.proc and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def _kill_tree(self) -> None:
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+    def _watchdog(self) -> None:
+        now = time.monotonic()
+        if self._stop_at is not None and now - self._stop_at > self.grace:
+            self._kill_tree()
+        elif self._failure_at is not None and now - self._failure_at > self.failure_timeout:
+            log.warning("a rank failed and the job did not end; stopping it")
+            self._failure_at = None
+            self.stop(signal.SIGTERM)
+
+    def wait(self) -> Outcome:
+        assert self.proc is not None, "start() first"
+        while True:
+            try:
+                code = self.proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                self._watchdog()
+        end_descendants(grace=min(self.grace, 5.0), keep=self.keep)
+        for s in self._streams:
+            s.join(timeout=5)
+        with self._lock:
+            tails = {r: tuple(t) for r, t in self._tails.items()}
+            stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None
+            return Outcome(code, self.argv, self._failure, tails, tuple(self._tail), stopped)
+
+    def run(self) -> Outcome:
+        self.start()
+        return self.wait()
+
+
+def install_stop_handlers(supervisor: Supervisor) -> None:
+    """Route SIGTERM/SIGINT/SIGHUP of the launcher to ``supervisor.stop``."""
+
+    def handler(signum, frame):
+        log.warning("received %s; stopping the job", signal.Signals(signum).name)
+        supervisor.stop(signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def exit_status(outcome: Outcome) -> int:
+    """The launcher's exit code for an outcome (never 0 for a failed job)."""
+    code = outcome.returncode
+    if code == 0:
+        return 0
+    return 128 - code if code < 0 else min(code, 255) or 1

@@ -1,5 +1,5 @@
 """Attaching to an existing training job (``shoal.attach``): the estimator that launched it,
-DescribeTrainingJob and ListTags, as the SageMaker Python SDK v2's ``attach`` does.
+rebuilt from DescribeTrainingJob and ListTags, as the SageMaker Python SDK v2's ``attach`` does.
 
 :func:`init_params` is the pure half (description + tags -> estimator arguments);
 :func:`attach` does the calls, picks the estimator class from the image (PyTorch,
@@ -199,14 +199,18 @@ def list_tags(sagemaker_client, arn: str) -> list[dict]:
 
 def estimator_class_for(params: dict):
     """PyTorch or TensorFlow for their images, the generic Estimator otherwise."""
-    from shoal import estimator
-
     framework = framework_from_image(params.get("image_uri"))
     if framework and framework[0] == "pytorch":
-        return estimator.PyTorch
+        from shoal.pytorch import PyTorch
+
+        return PyTorch
     if framework and framework[0] == "tensorflow":
-        return estimator.TensorFlow
-    return estimator.Estimator
+        from shoal.tensorflow import TensorFlow
+
+        return TensorFlow
+    from shoal.estimator import Estimator
+
+    return Estimator
 
 
 def _accepted(cls, params: dict) -> dict:

@@ -209,8 +209,35 @@ def test_attach_wait_follows_the_job(monkeypatch):
 
 
 def test_estimator_class_follows_the_image():
-    estimator = pytest.importorskip("shoal.estimator")
-    assert attach_mod.estimator_class_for({"image_uri": IMAGE}) is estimator.PyTorch
+    from shoal.estimator import Estimator
+    from shoal.pytorch import PyTorch
+    from shoal.tensorflow import TensorFlow
+
+    assert attach_mod.estimator_class_for({"image_uri": IMAGE}) is PyTorch
     tf = IMAGE.replace("pytorch", "tensorflow").replace("1.13.1", "2.11.0")
-    assert attach_mod.estimator_class_for({"image_uri": tf}) is estimator.TensorFlow
-    assert attach_mod.estimator_class_for({"image_uri": "x/algo:1"}) is estimator.Estimator
+    assert attach_mod.estimator_class_for({"image_uri": tf}) is TensorFlow
+    assert attach_mod.estimator_class_for({"image_uri": "x/algo:1"}) is Estimator
+
+
+def test_attach_rebuilds_a_pytorch_estimator_that_can_run_again():
+    from moto import mock_aws
+    from shoal.pytorch import PyTorch
+
+    with mock_aws():
+        session = Session(boto_session=boto3.Session(region_name=REGION))
+        with stubbed(session):
+            est = attach(JOB, sagemaker_session=session)
+        assert type(est) is PyTorch
+        assert (est.framework_version, est.py_version) == ("1.13.1", "py39")
+        assert est.distribution == SMDDP
+        request = est.build_request(est.inputs, "again-1")
+    hps = request["HyperParameters"]
+    assert hps["sagemaker_distributed_dataparallel_enabled"] == "true"
+    assert hps["sagemaker_program"] == '"train.py"'
+    assert hps["sagemaker_submit_directory"] == json.dumps(
+        f"s3://code-bucket/{JOB}/source/sourcedir.tar.gz"
+    )
+    assert (hps["epochs"], hps["layers"]) == ("10", "[1, 2, 3]")
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train", "fsx", "model"]
+    assert request["ResourceConfig"]["InstanceCount"] == 2
+    assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE

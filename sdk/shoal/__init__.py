@@ -13,6 +13,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "attach": "shoal.attaching",
     "Estimator": "shoal.estimator",
     "EstimatorBase": "shoal.estimator",
     "Framework": "shoal.estimator",

@@ -592,6 +592,12 @@ def _check_combinations(dist: Distribution, context: _Context, instance_type, gr
             "'mpi': {'enabled': True, 'processes_per_host': <GPUs per host>} "
             "(or, for the PyTorch library launched by torchrun, 'torch_distributed')"
         )
+    if dist.torch_distributed_enabled and dist.mpi_enabled:
+        # v2 would silently drop 'mpi' and the container would run torchrun.
+        raise DistributionError(
+            f"{where('torch_distributed')} and {where('mpi')} both launch the training "
+            "script: enable one of them"
+        )
     if dist.mwms_enabled:
         _check_mwms(dist, context)
     _check_groups_have_strategy(dist)

@@ -214,11 +214,14 @@ def estimator_class_for(params: dict):
 
 
 def _accepted(cls, params: dict) -> dict:
-    """The arguments ``cls`` takes: a generic Estimator has no entry point or distribution."""
-    signature = inspect.signature(cls.__init__)
-    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
-        return dict(params)
-    return {k: v for k, v in params.items() if k in signature.parameters}
+    """The arguments ``cls`` names in its own or its bases' ``__init__``: a generic
+    Estimator takes no entry point or distribution."""
+    names: set[str] = set()
+    for klass in cls.__mro__[:-1]:  # not object
+        if "__init__" in vars(klass):
+            parameters = inspect.signature(klass.__init__).parameters.values()
+            names.update(p.name for p in parameters if p.kind is not p.VAR_KEYWORD)
+    return {k: v for k, v in params.items() if k in names}
 
 
 def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All", *,

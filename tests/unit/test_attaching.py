@@ -156,10 +156,10 @@ class Recorder:
     """Stands in for an estimator class: records what attach() gives it."""
 
     def __init__(self, sagemaker_session=None, entry_point=None, source_dir=None,
-                 hyperparameters=None, distribution=None, instance_count=None, **rest):
+                 hyperparameters=None, distribution=None, instance_count=None, tags=None):
         self.kwargs = dict(entry_point=entry_point, source_dir=source_dir,
                            hyperparameters=hyperparameters, distribution=distribution,
-                           instance_count=instance_count, **rest)
+                           instance_count=instance_count, tags=tags)
         self.sagemaker_session = sagemaker_session
 
 
@@ -241,3 +241,26 @@ def test_attach_rebuilds_a_pytorch_estimator_that_can_run_again():
     assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train", "fsx", "model"]
     assert request["ResourceConfig"]["InstanceCount"] == 2
     assert request["AlgorithmSpecification"]["TrainingImage"] == IMAGE
+
+
+def test_classmethod_attach_keeps_the_class_and_what_it_takes():
+    from moto import mock_aws
+    from shoal.estimator import Estimator
+    from shoal.pytorch import PyTorch
+
+    with mock_aws():
+        session = Session(boto_session=boto3.Session(region_name=REGION))
+        with stubbed(session):
+            generic = Estimator.attach(JOB, sagemaker_session=session)
+        with stubbed(session):
+            torch_est = PyTorch.attach(JOB, sagemaker_session=session)
+    assert type(generic) is Estimator
+    assert generic.image_uri == IMAGE and generic.entry_point == "train.py"
+    assert type(torch_est) is PyTorch and torch_est.distribution == SMDDP
+    assert torch_est.latest_training_job.name == JOB
+
+
+def test_module_function_is_exported():
+    import shoal
+
+    assert shoal.attach is attach

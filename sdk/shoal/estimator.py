@@ -261,6 +261,16 @@ class EstimatorBase:
         if wait:
             self.latest_training_job.wait(logs=logs)
 
+    @classmethod
+    def attach(cls, training_job_name: str, sagemaker_session=None, model_channel_name="model",
+               wait: bool = False, logs="All"):
+        """The estimator of an existing SageMaker job, bound to it (see ``shoal.attach``)."""
+        from shoal.attaching import attach
+
+        return attach(training_job_name, sagemaker_session, wait=wait, logs=logs,
+                      estimator_cls=None if cls in (EstimatorBase, Framework) else cls,
+                      model_channel_name=model_channel_name)
+
     @property
     def model_data(self) -> str | None:
         """The trained model's ``model.tar.gz`` URI, once the latest job completed."""

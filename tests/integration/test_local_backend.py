@@ -10,7 +10,6 @@ import time
 import boto3
 import psutil
 import pytest
-
 from shoal.backends.local import LocalBackend, LocalTrainingJob
 from shoal.errors import JobFailedError, JobStoppedError
 
@@ -27,8 +26,9 @@ with open(os.path.join(out, "rank-%s.json" % os.environ["RANK"]), "w") as f:
     json.dump(info, f)
 ckpt = os.path.join(os.environ["SAGEMAKER_BASE_DIR"], "checkpoints")
 if os.path.isdir(ckpt):
+    seen = ",".join(sorted(os.listdir(ckpt)))
     with open(os.path.join(ckpt, "step-%s.txt" % os.environ["RANK"]), "w") as f:
-        f.write("seen:" + ",".join(sorted(os.listdir(ckpt))))
+        f.write("seen:" + seen)
 if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
     raise ZeroDivisionError("rank %s divided by zero" % os.environ["RANK"])
 if os.environ.get("SLEEP"):

@@ -139,6 +139,7 @@ class LocalTrainingJob:
         except KeyboardInterrupt:
             self.stop(wait=True)
             raise Interrupted(f"interrupted: local job {self.name} was stopped") from None
+        self._reap()
         description = self.describe()
         status = description["TrainingJobStatus"]
         if status == "Failed":
@@ -149,6 +150,15 @@ class LocalTrainingJob:
             raise JobStoppedError(f"local job {self.name} was stopped", job_name=self.name,
                                   status=status)
         return description
+
+    def _reap(self, timeout: float = 30.0) -> None:
+        """Wait for the supervisor to exit: it writes the final record just before it does."""
+        runner = self.runner()
+        if runner is not None:
+            try:
+                runner.wait(timeout=timeout)
+            except Exception:  # psutil.TimeoutExpired: leave it; describe() still tells the truth
+                pass
 
     def stop(self, wait: bool = False, timeout: float = 60.0) -> None:
         """Ask the supervisor to stop the job; with ``wait``, return once the tree is gone."""

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from shoal.errors import LaunchError
 from shoal.launcher.environment import (
     TrainingEnvironment,

@@ -5,7 +5,6 @@ import os
 import tarfile
 
 import pytest
-
 from shoal.errors import StagingError
 from shoal.launcher.extract import check_archive, safe_extract
 

@@ -1,7 +1,6 @@
 """The mpirun argv equals the training toolkit's tokens for the same configuration."""
 
 import pytest
-
 from shoal.errors import DistributionError
 from shoal.launcher.mpi import (
     MpiPlan,

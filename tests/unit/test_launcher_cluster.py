@@ -1,0 +1,63 @@
+"""The master's status channel and the wait for workers."""
+
+import socket
+import threading
+
+import pytest
+from shoal.errors import LaunchError
+from shoal.launcher import cluster
+from shoal.launcher.simulate import free_port
+
+
+def test_workers_report_ready_and_receive_the_outcome():
+    server = cluster.StatusServer(free_port(), bind="127.0.0.1")
+    results = {}
+
+    def worker(name):
+        results[name] = cluster.wait_for_outcome("127.0.0.1", server.port, 10, 0.05, me=name)
+
+    threads = [threading.Thread(target=worker, args=(h,)) for h in ("algo-2", "algo-3")]
+    for t in threads:
+        t.start()
+    server.wait_for_workers(["algo-2", "algo-3"], timeout=10)
+    server.publish(cluster.JobStatus(1, "Rank 1 on host algo-1 exited with code 1."))
+    for t in threads:
+        t.join(10)
+    server.close(["algo-2", "algo-3"], linger=5)
+    assert results == {h: cluster.JobStatus(1, "Rank 1 on host algo-1 exited with code 1.")
+                       for h in ("algo-2", "algo-3")}  # fmt: skip
+
+
+def test_missing_worker_times_out():
+    server = cluster.StatusServer(free_port(), bind="127.0.0.1")
+    try:
+        with pytest.raises(LaunchError, match=r"workers \['algo-2'\] did not report ready"):
+            server.wait_for_workers(["algo-2"], timeout=0.3)
+    finally:
+        server.close()
+
+
+def test_unreachable_master_fails_the_worker():
+    status = cluster.wait_for_outcome("127.0.0.1", free_port(), connect_timeout=0.3, interval=0.1)
+    assert status.exit_code == 1 and "could not reach the master" in status.message
+
+
+def test_master_dying_before_the_outcome_fails_the_worker():
+    # A master that accepts the worker and then goes away without an answer.
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def die():
+        conn, _ = listener.accept()
+        conn.recv(256)
+        conn.close()
+
+    threading.Thread(target=die, daemon=True).start()
+    status = cluster.wait_for_outcome("127.0.0.1", listener.getsockname()[1], 10, 0.05, me="w")
+    listener.close()
+    assert status.exit_code == 1 and "lost contact with the master" in status.message
+
+
+def test_wait_for_ports():
+    cluster.wait_for_ports([], 22, timeout=0.1)
+    with pytest.raises(LaunchError, match="did not open port"):
+        cluster.wait_for_ports(["127.0.0.1"], free_port(), timeout=0.3, interval=0.1)

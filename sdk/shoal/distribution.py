@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from shoal import frameworks
+from shoal import frameworks, secrets
 from shoal.errors import DistributionError
 from shoal.smp import ModelParallelParameters, parse_parameters
 
@@ -421,7 +421,11 @@ def _torch_distributed_requested(raw) -> bool:
 
 
 def _mpi_options(value: Any, *path: str) -> str | None:
-    """Check custom mpirun options: a string that forwards no AWS credential to the ranks."""
+    """Check custom mpirun options: a string that forwards no credential or secret to the ranks.
+
+    The options travel as a hyperparameter, which the service stores and shows: messages
+    name the variable, never its value.
+    """
     if value is None:
         return None
     here = where(*path, "custom_mpi_options")
@@ -431,15 +435,28 @@ def _mpi_options(value: Any, *path: str) -> str | None:
         tokens = shlex.split(value)
     except ValueError as exc:
         raise DistributionError(f"{here} is not a valid mpirun option string ({exc})") from exc
-    for token in tokens:
-        for name in CREDENTIAL_VARIABLES:
-            if name in token:
-                raise DistributionError(
-                    f"{here} must not forward {name} to the ranks (got {token!r}): "
-                    "credentials reach the job through its IAM role"
-                )
+    for name in CREDENTIAL_VARIABLES:
+        if any(name in token for token in tokens):
+            raise DistributionError(
+                f"{here} must not forward {name} to the ranks: "
+                "credentials reach the job through its IAM role"
+            )
+    _check_exported_secrets(tokens, here)
     _check_hyperparameter_size(value, here)
     return value
+
+
+def _check_exported_secrets(tokens: list[str], here: str) -> None:
+    kind = secrets.value_kind(" ".join(tokens))
+    if kind:
+        raise DistributionError(f"{here} holds what looks like a secret ({kind})")
+    for flag, assignment in zip(tokens, tokens[1:]):
+        name, has_value, val = assignment.partition("=")
+        if flag in ("-x", "--x") and has_value and val and secrets.secret_key_name(name):
+            raise DistributionError(
+                f"{here} sets {name} on the command line (a secret-looking variable): "
+                "the options are stored with the job; pass the secret another way"
+            )
 
 
 def _check_hyperparameter_size(value: Any, here: str) -> None:

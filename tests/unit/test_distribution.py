@@ -412,6 +412,43 @@ def test_custom_mpi_options_never_forward_credentials(option):
             "^distribution\\['pytorchddp'\\]\\['custom_mpi_options'\\] must not forward AWS_")
 
 
+def test_custom_mpi_options_messages_never_show_values():
+    text = rejects({"mpi": {"enabled": True, "custom_mpi_options": "-x AWS_SECRET_ACCESS_KEY=s3cr3t"}},
+                   "distribution['mpi']['custom_mpi_options'] must not forward "
+                   "AWS_SECRET_ACCESS_KEY to the ranks: credentials reach the job through its "
+                   "IAM role")
+    assert "s3cr3t" not in text
+
+
+@pytest.mark.parametrize("option", [
+    "-x DB_PASSWORD=hunter2",
+    "-verbose -x HF_API_KEY=abc123 -x NCCL_DEBUG=INFO",
+    "--x WANDB_TOKEN=xyz",
+])  # fmt: skip
+def test_custom_mpi_options_refuse_exported_secrets(option):
+    text = rejects({"mpi": {"enabled": True, "custom_mpi_options": option}},
+                   "^distribution\\['mpi'\\]\\['custom_mpi_options'\\] sets [A-Z_]+ on the "
+                   "command line \\(a secret-looking variable\\)")
+    assert option.split("=")[1].split()[0] not in text
+
+
+def test_custom_mpi_options_refuse_credential_values():
+    text = rejects({"mpi": {"enabled": True, "custom_mpi_options": "-x KEY_ID=AKIAABCDEFGHIJKLMNOP"}},
+                   "distribution['mpi']['custom_mpi_options'] holds what looks like a secret "
+                   "(AWS access key id)")
+    assert "AKIA" not in text
+
+
+@pytest.mark.parametrize("option", [
+    "-x DB_PASSWORD",  # forwards the launching host's own variable: nothing stored
+    "-x NCCL_DEBUG=INFO -x TOKENIZERS_PARALLELISM=false -x MAX_TOKENS=5",
+    "--mca btl_vader_single_copy_mechanism none -bind-to none",
+])  # fmt: skip
+def test_custom_mpi_options_allowed(option):
+    dist = parse_distribution({"mpi": {"enabled": True, "custom_mpi_options": option}}, **PT)
+    assert dist.hyperparameters()["sagemaker_mpi_custom_mpi_options"] == option
+
+
 def test_custom_mpi_options_fit_in_a_hyperparameter():
     rejects({"mpi": {"enabled": True, "custom_mpi_options": "-v " * 1000}},
             "distribution['mpi']['custom_mpi_options'] must encode to <= 2500 characters as a "

@@ -65,6 +65,13 @@ def test_input_data_config_and_hyperparameters():
     assert layout.channel_sources(REQUEST) == {"train": "file:///data/train", "test": "s3://b/test"}
 
 
+def test_file_data_source_channels_as_sdk_v2_sends_them():
+    request = {**REQUEST, "InputDataConfig": [{"ChannelName": "train", "DataSource": {
+        "FileDataSource": {"FileUri": "file:///d", "FileDataDistributionType": "ShardedByS3Key"}}}]}
+    assert layout.channel_sources(request) == {"train": "file:///d"}
+    assert layout.input_data_config(request)["train"]["S3DistributionType"] == "ShardedByS3Key"
+
+
 def test_file_system_channels_cannot_run_locally():
     request = {**REQUEST, "InputDataConfig": [{"ChannelName": "fsx", "DataSource": {
         "FileSystemDataSource": {"FileSystemId": "fs-1"}}}]}

@@ -119,10 +119,13 @@ def input_data_config(request: dict) -> dict:
     default_mode = request["AlgorithmSpecification"].get("TrainingInputMode", "File")
     config = {}
     for channel in request.get("InputDataConfig") or []:
-        s3 = channel.get("DataSource", {}).get("S3DataSource", {})
+        source = channel.get("DataSource", {})
+        s3 = source.get("S3DataSource") or {}
+        distribution = s3.get("S3DataDistributionType") or \
+            (source.get("FileDataSource") or {}).get("FileDataDistributionType")
         entry = {
             "TrainingInputMode": channel.get("InputMode", default_mode),
-            "S3DistributionType": s3.get("S3DistributionType", "FullyReplicated"),
+            "S3DistributionType": distribution or "FullyReplicated",
             "RecordWrapperType": channel.get("RecordWrapperType", "None"),
         }
         if "ContentType" in channel:
@@ -146,12 +149,14 @@ def config_files(request: dict, host: str) -> dict[str, dict]:
 
 
 def channel_sources(request: dict) -> dict[str, str]:
-    """Channel name -> data URI (``s3://`` or ``file://``); FSx/EFS channels are not local."""
+    """Channel name -> data URI (``s3://`` or ``file://``); FSx/EFS channels cannot run locally."""
     sources = {}
     for channel in request.get("InputDataConfig") or []:
         data = channel.get("DataSource", {})
         if "S3DataSource" in data:
             sources[channel["ChannelName"]] = data["S3DataSource"]["S3Uri"]
+        elif "FileDataSource" in data:  # what SDK v2 sends for file:// inputs in local mode
+            sources[channel["ChannelName"]] = data["FileDataSource"]["FileUri"]
         else:
             kind = next(iter(data), "nothing")
             raise InputError(f"channel {channel['ChannelName']!r}: {kind} inputs cannot run locally")

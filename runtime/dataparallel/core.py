@@ -1,0 +1,187 @@
+"""Python API of Shoal's compiled collective core.
+
+The core (``libshoal_core``, C++) keeps one communicator per process; this
+module is a thin layer over its binding ``shoal.dataparallel._core`` that maps
+numpy dtypes and op names, keeps buffers alive for asynchronous work and
+raises Shoal's errors (``CollectiveTimeoutError``, ``PeerLostError``).
+
+    from shoal.dataparallel import core
+    comm = core.init()                 # from the rank environment; idempotent
+    core.allreduce(grads, op="average")
+    handle = core.allreduce_async(other); ...; handle.wait()
+
+bfloat16 arrays are ``ml_dtypes.bfloat16`` arrays, or uint16 arrays holding the
+bits with ``dtype="bfloat16"``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any
+
+import attrs
+import numpy as np
+from shoal.errors import ValidationError
+
+try:  # the binding is compiled by the package build
+    from shoal.dataparallel import _core
+except ImportError as exc:  # pragma: no cover - only without a build
+    _core = None
+    _IMPORT_ERROR = exc
+
+# Codes of shoal::DType and shoal::ReduceOp (csrc/shoal/core.h).
+DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
+OPS = {"sum": 0, "average": 1, "avg": 1, "mean": 1, "min": 2, "max": 3, "product": 4, "prod": 4}
+_BYTES = 6  # shoal::DType::UInt8, for raw payloads
+
+
+@attrs.frozen
+class Communicator:
+    """Where this process sits in the job (see ``init``)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    host_index: int
+    num_hosts: int
+    host: str
+
+
+@attrs.define
+class Handle:
+    """An asynchronous allreduce; ``wait()`` returns the reduced array."""
+
+    _handle: Any
+    array: np.ndarray
+
+    def test(self) -> bool:
+        return self._handle.test()
+
+    def wait(self) -> np.ndarray:
+        self._handle.wait()
+        return self.array
+
+
+def _binding():
+    if _core is None:
+        raise ImportError(f"the collective core is not built: {_IMPORT_ERROR}")
+    return _core
+
+
+def include_dir() -> str:
+    """The directory to put on the include path for ``#include "shoal/core.h"``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+
+
+def library_path() -> str:
+    """Absolute path of the core shared library that framework glue links."""
+    import sysconfig
+
+    name = "libshoal_core" + sysconfig.get_config_var("EXT_SUFFIX")
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+
+
+def link_flags() -> list[str]:
+    """Linker flags for glue code: the core by file name, found at run time by rpath."""
+    path = library_path()
+    directory = os.path.dirname(path)
+    return [f"-L{directory}", f"-l:{os.path.basename(path)}", f"-Wl,-rpath,{directory}"]
+
+
+def init() -> Communicator:
+    """Bootstraps from the rank environment (idempotent) and returns the topology."""
+    topo = _binding().init()
+    return Communicator(**topo)
+
+
+def is_initialized() -> bool:
+    return _core is not None and _core.is_initialized()
+
+
+def shutdown() -> None:
+    """Drains queued work and releases the communicator (local, not a collective)."""
+    if _core is not None:
+        _core.shutdown()
+
+
+def _dtype_code(array: np.ndarray, dtype: str | None) -> int:
+    name = dtype or array.dtype.name
+    if name == "bfloat16" and array.dtype.name not in ("bfloat16", "uint16", "int16"):
+        raise ValidationError(f"'dtype' bfloat16 needs a uint16 array of bits (got {array.dtype})")
+    if dtype and name != "bfloat16" and name != array.dtype.name:
+        raise ValidationError(f"'dtype' {name!r} does not match the array's {array.dtype.name}")
+    if name not in DTYPES:
+        raise ValidationError(f"'dtype' must be one of {sorted(DTYPES)} (got {name!r})")
+    return DTYPES[name]
+
+
+def _op_code(op: str) -> int:
+    if op not in OPS:
+        raise ValidationError(f"'op' must be one of {sorted(set(OPS))} (got {op!r})")
+    return OPS[op]
+
+
+def _checked(array: Any) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise ValidationError(f"expected a numpy array (got {type(array).__name__})")
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValidationError("the array must be C-contiguous and writeable")
+    return array
+
+
+def _raw(array: np.ndarray) -> np.ndarray:
+    # Extension dtypes (ml_dtypes) do not export a buffer format; their bytes do.
+    return array.reshape(-1).view(np.uint8)
+
+
+def allreduce(array: np.ndarray, op: str = "sum", dtype: str | None = None) -> np.ndarray:
+    """Reduces ``array`` in place across all ranks and returns it."""
+    array = _checked(array)
+    _binding().allreduce(_raw(array), _dtype_code(array, dtype), _op_code(op))
+    return array
+
+
+def allreduce_async(array: np.ndarray, op: str = "sum", dtype: str | None = None) -> Handle:
+    """Queues an in-place allreduce (fused with its neighbours); ``.wait()`` on the handle."""
+    array = _checked(array)
+    handle = _binding().allreduce_async(_raw(array), _dtype_code(array, dtype), _op_code(op))
+    return Handle(handle, array)
+
+
+def broadcast(array: np.ndarray, root: int = 0) -> np.ndarray:
+    """Every rank's ``array`` becomes root's, in place."""
+    array = _checked(array)
+    _binding().broadcast(_raw(array), int(root))
+    return array
+
+
+def allgather(array: np.ndarray) -> np.ndarray:
+    """A new array of shape ``(size, *array.shape)``: row r is rank r's array."""
+    array = np.ascontiguousarray(array)
+    if not is_initialized():
+        raise ValidationError("shoal collectives are not initialized: call init() first")
+    size = init().size
+    out = np.empty((size, *array.shape), dtype=array.dtype)
+    _binding().allgather(_raw(array), _raw(out))
+    return out
+
+
+def reduce(array: np.ndarray, op: str = "sum", root: int = 0, dtype: str | None = None) -> np.ndarray:
+    """Reduces into root's ``array`` in place; the others' arrays are unchanged."""
+    array = _checked(array)
+    _binding().reduce(_raw(array), _dtype_code(array, dtype), _op_code(op), int(root))
+    return array
+
+
+def barrier() -> None:
+    _binding().barrier()
+
+
+def flush() -> None:
+    """Starts the queued allreduces now instead of waiting for a full fusion buffer."""
+    _binding().flush()
+
+
+atexit.register(shutdown)

@@ -1,0 +1,141 @@
+// pybind11 module shoal.dataparallel._core: the Python face of the core. It
+// links libshoal_core, so Python and framework glue share one core state.
+// Buffers are taken through the buffer protocol; the GIL is released while a
+// collective runs or is waited for.
+#include <pybind11/pybind11.h>
+
+#include "shoal/core.h"
+
+namespace py = pybind11;
+
+namespace {
+
+struct Span {
+  void* ptr;
+  std::size_t bytes;
+};
+
+Span writable(py::buffer& b, const char* what) {
+  py::buffer_info info = b.request(true);
+  if (info.ndim > 0) {
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+      if (info.shape[d] > 1 && info.strides[d] != expect)
+        throw shoal::Error(shoal::Error::Kind::Usage, std::string(what) + " must be C-contiguous");
+      expect *= info.shape[d];
+    }
+  }
+  return {info.ptr, (std::size_t)(info.size * info.itemsize)};
+}
+
+std::size_t count_of(const Span& s, shoal::DType dtype) {
+  const std::size_t es = shoal::dtype_size(dtype);
+  if (s.bytes % es != 0)
+    throw shoal::Error(shoal::Error::Kind::Usage, "buffer size is not a multiple of the dtype size");
+  return s.bytes / es;
+}
+
+// Keeps the buffers alive until the collective completed.
+struct Handle {
+  shoal::WorkPtr work;
+  py::object keep;
+  bool test() { return work->test(); }
+  void wait() {
+    {
+      py::gil_scoped_release nogil;
+      work->wait();
+    }
+    keep = py::none();
+  }
+};
+
+py::dict topology_dict(const shoal::Topology& t) {
+  py::dict d;
+  d["rank"] = t.rank;
+  d["size"] = t.size;
+  d["local_rank"] = t.local_rank;
+  d["local_size"] = t.local_size;
+  d["host_index"] = t.host_index;
+  d["num_hosts"] = t.num_hosts;
+  d["host"] = t.host;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Shoal collective core (see shoal.dataparallel.core for the Python API)";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const shoal::Error& e) {
+      py::module_ errors = py::module_::import("shoal.errors");
+      const char* cls = "CollectiveError";
+      switch (e.kind()) {
+        case shoal::Error::Kind::Timeout: cls = "CollectiveTimeoutError"; break;
+        case shoal::Error::Kind::PeerLost: cls = "PeerLostError"; break;
+        case shoal::Error::Kind::Usage: cls = "ValidationError"; break;
+        case shoal::Error::Kind::System: cls = "CollectiveError"; break;
+      }
+      py::object exc = errors.attr(cls)(e.what());
+      py::list ranks;
+      for (int r : e.ranks()) ranks.append(r);
+      exc.attr("ranks") = ranks;
+      PyErr_SetObject(py::type::handle_of(exc).ptr(), exc.ptr());
+    }
+  });
+
+  py::class_<Handle>(m, "Handle")
+      .def("test", &Handle::test)
+      .def("wait", &Handle::wait);
+
+  m.def("init", [] {
+    const shoal::Topology* t;
+    {
+      py::gil_scoped_release nogil;
+      t = &shoal::init();
+    }
+    return topology_dict(*t);
+  });
+  m.def("is_initialized", &shoal::is_initialized);
+  m.def("shutdown", &shoal::shutdown, py::call_guard<py::gil_scoped_release>());
+  m.def("dtype_size", [](int d) { return shoal::dtype_size(static_cast<shoal::DType>(d)); });
+
+  m.def("allreduce", [](py::buffer buf, int dtype, int op) {
+    Span s = writable(buf, "array");
+    auto d = static_cast<shoal::DType>(dtype);
+    std::size_t n = count_of(s, d);
+    py::gil_scoped_release nogil;
+    shoal::allreduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op));
+  });
+  m.def("allreduce_async", [](py::buffer buf, int dtype, int op) {
+    Span s = writable(buf, "array");
+    auto d = static_cast<shoal::DType>(dtype);
+    std::size_t n = count_of(s, d);
+    return Handle{shoal::allreduce_async(s.ptr, n, d, static_cast<shoal::ReduceOp>(op)), buf};
+  });
+  m.def("broadcast", [](py::buffer buf, int root) {
+    Span s = writable(buf, "array");
+    py::gil_scoped_release nogil;
+    shoal::broadcast(s.ptr, s.bytes, root);
+  });
+  m.def("allgather", [](py::buffer send, py::buffer recv) {
+    Span in = writable(send, "array");
+    Span out = writable(recv, "output");
+    const int size = shoal::topology().size;
+    if (out.bytes != in.bytes * (std::size_t)size)
+      throw shoal::Error(shoal::Error::Kind::Usage, "allgather output must hold size * input bytes");
+    py::gil_scoped_release nogil;
+    shoal::allgather(in.ptr, out.ptr, in.bytes);
+  });
+  m.def("reduce", [](py::buffer buf, int dtype, int op, int root) {
+    Span s = writable(buf, "array");
+    auto d = static_cast<shoal::DType>(dtype);
+    std::size_t n = count_of(s, d);
+    py::gil_scoped_release nogil;
+    shoal::reduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op), root);
+  });
+  m.def("barrier", &shoal::barrier, py::call_guard<py::gil_scoped_release>());
+  m.def("flush", &shoal::flush);
+}

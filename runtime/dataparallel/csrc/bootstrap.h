@@ -1,0 +1,52 @@
+// From the rank environment to a connected job: configuration, the TCP
+// rendezvous at MASTER_ADDR:MASTER_PORT, the topology, the inter-host mesh.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "shoal/core.h"
+
+namespace shoal {
+
+struct Config {
+  int rank = 0;
+  int size = 1;
+  std::string host;         // SHOAL_HOST, else the hostname
+  std::string job_id;       // SHOAL_JOB_ID, else the launcher's job id
+  std::string master_addr;  // MASTER_ADDR, else 127.0.0.1
+  int master_port = 0;      // MASTER_PORT, else derived from the job id
+  std::string interface;    // SHOAL_NETWORK_INTERFACE
+  int timeout_ms = 300000;  // SHOAL_COLLECTIVE_TIMEOUT (seconds)
+  std::size_t fusion_bytes = 25u << 20;  // SHOAL_FUSION_THRESHOLD_BYTES
+  std::size_t chunk_bytes = 4u << 20;    // SHOAL_SHM_CHUNK_BYTES: one slot of the segment
+  std::size_t small_bytes = 64u << 10;   // below: one handshake, no reduce-scatter
+
+  static Config from_env();
+};
+
+struct RankRecord {
+  int rank;
+  int pid;
+  int port;       // the data-plane listener
+  char addr[64];  // the address peers on other hosts connect to
+  char host[128];
+};
+
+struct Job {
+  Topology topo;
+  std::vector<RankRecord> table;              // by global rank
+  std::vector<std::vector<int>> host_ranks;   // global ranks of each host, ascending
+  std::vector<int> mesh;                      // per host index: socket to my peer there (-1: mine)
+  int master_fd = -1;                         // rank > 0: the rendezvous connection
+  std::vector<int> member_fds;                // rank 0: one per rank (-1 for itself)
+
+  // A job-wide barrier over the rendezvous connections (setup only).
+  void barrier(int timeout_ms);
+  void close_all();
+};
+
+Job rendezvous(const Config& config);
+
+}  // namespace shoal

@@ -1,0 +1,44 @@
+// The communicator: executes one collective at a time, synchronously, over the
+// host's shared segment and the inter-host mesh.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap.h"
+#include "shm.h"
+#include "shoal/core.h"
+
+namespace shoal {
+
+class Comm {
+ public:
+  Comm(const Config& config, int epoch);
+  ~Comm();
+  const Topology& topo() const { return job_.topo; }
+  const Config& config() const { return cfg_; }
+
+  void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const char* name);
+  void broadcast(void* data, std::size_t bytes, int root);
+  void allgather(const void* send, void* recv, std::size_t bytes_per_rank);
+  void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
+  void barrier();
+  // Publishes a failure to the local ranks so that they fail at once too.
+  void abort(const Error& error);
+
+ private:
+  void chunk(char* data, std::size_t count, DType dtype, ReduceOp op, const std::string& name);
+  void inter_host(char* slice, std::size_t count, DType dtype, ReduceOp op, int divisor,
+                  const std::string& name);
+
+  Config cfg_;
+  Job job_;
+  std::unique_ptr<HostSegment> seg_;
+  uint64_t step_ = 0;
+  std::vector<char> scratch_;
+};
+
+}  // namespace shoal

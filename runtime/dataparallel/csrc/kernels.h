@@ -1,0 +1,17 @@
+// Element-wise reduction kernels: the arithmetic of every collective.
+#pragma once
+
+#include <cstddef>
+
+#include "shoal/core.h"
+
+namespace shoal {
+
+// out[i] = srcs[0][i] (op) srcs[1][i] (op) ... in that fixed order, so the bits
+// never depend on arrival timing. fp16/bf16 accumulate in fp32 and round once.
+// When divisor > 1 the result is divided by it (Average's last stage).
+// `out` may alias one of `srcs`.
+void reduce_into(DType dtype, ReduceOp op, void* out, const void* const* srcs, int nsrc,
+                 std::size_t count, int divisor);
+
+}  // namespace shoal

@@ -1,0 +1,235 @@
+// Host shared segment (see shm.h).
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <thread>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace shoal {
+
+namespace {
+constexpr uint32_t kMagic = 0x5348414Cu;  // "SHAL"
+constexpr int kMaxLocal = 256;
+constexpr int kMaxAbortRanks = 32;
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts) {
+  // Shared (not PRIVATE) futex: the word lives in memory mapped by several processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
+}
+
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed child not yet reaped by its parent is a zombie: gone as well.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  char state = line[close + 2];
+  return state == 'Z' || state == 'X';
+}
+
+std::string join(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+}  // namespace
+
+struct alignas(64) RankState {
+  std::atomic<uint64_t> seq;
+};
+
+struct HostSegment::Control {
+  uint32_t magic;
+  uint32_t local_size;
+  uint64_t slot_bytes;
+  alignas(64) std::atomic<uint32_t> futex_word;
+  std::atomic<uint32_t> waiters;
+  alignas(64) std::atomic<int32_t> abort_rank;
+  int32_t abort_kind;
+  int32_t abort_nranks;
+  int32_t abort_ranks[kMaxAbortRanks];
+  char abort_message[512];
+  RankState ranks[kMaxLocal];
+};
+
+HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
+                         std::vector<LocalPeer> peers, std::size_t slot_bytes, int timeout_ms)
+    : name_(name),
+      local_rank_(local_rank),
+      peers_(std::move(peers)),
+      slot_bytes_(slot_bytes),
+      timeout_ms_(timeout_ms) {
+  const int local_size = (int)peers_.size();
+  if (local_size > kMaxLocal)
+    throw Error(Error::Kind::Usage, "more than " + std::to_string(kMaxLocal) + " ranks on a host");
+  const unsigned cores = std::thread::hardware_concurrency();
+  // Spinning only pays when every local rank has a core of its own.
+  spin_ = (cores == 0 || (unsigned)local_size <= cores) ? 20000 : 50;
+  const std::size_t ctl_bytes = (sizeof(Control) + 4095) & ~std::size_t(4095);
+  map_bytes_ = ctl_bytes + 2 * (std::size_t)local_size * slot_bytes_;
+  int fd;
+  if (create) {
+    shm_unlink(name_.c_str());  // a stale segment of a crashed run with the same job id
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0 && ftruncate(fd, (off_t)map_bytes_) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(name_.c_str());
+      errno = e;
+      fd = -1;
+    }
+  } else {
+    fd = shm_open(name_.c_str(), O_RDWR, 0600);
+  }
+  if (fd < 0)
+    throw Error(Error::Kind::System, "shared memory " + name_ + ": " + std::strerror(errno));
+  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED)
+    throw Error(Error::Kind::System, "mmap " + name_ + ": " + std::strerror(errno));
+  base_ = static_cast<char*>(p);
+  ctl_ = reinterpret_cast<Control*>(base_);
+  data_ = base_ + ctl_bytes;
+  if (create) {
+    new (ctl_) Control();
+    ctl_->local_size = (uint32_t)local_size;
+    ctl_->slot_bytes = slot_bytes_;
+    ctl_->abort_rank.store(-1);
+    for (int i = 0; i < kMaxLocal; ++i) ctl_->ranks[i].seq.store(0);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    ctl_->magic = kMagic;
+  } else if (ctl_->magic != kMagic || ctl_->local_size != (uint32_t)local_size ||
+             ctl_->slot_bytes != slot_bytes_) {
+    throw Error(Error::Kind::Usage, "shared memory " + name_ +
+                                        " does not match this job (different SHOAL_JOB_ID "
+                                        "or chunk size on this host?)");
+  }
+}
+
+HostSegment::~HostSegment() {
+  if (base_ != nullptr) munmap(base_, map_bytes_);
+}
+
+void HostSegment::unlink() { shm_unlink(name_.c_str()); }
+
+char* HostSegment::slot(int bufset, int local_rank) const {
+  return data_ + ((std::size_t)bufset * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
+}
+
+void HostSegment::post(uint64_t value) {
+  ctl_->ranks[local_rank_].seq.store(value);
+  ctl_->futex_word.fetch_add(1);
+  if (ctl_->waiters.load() > 0) futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+bool HostSegment::arrived(uint64_t target) const {
+  for (std::size_t i = 0; i < peers_.size(); ++i)
+    if (ctl_->ranks[i].seq.load(std::memory_order_acquire) < target) return false;
+  return true;
+}
+
+void HostSegment::check_abort() const {
+  const int who = ctl_->abort_rank.load();
+  if (who < 0) return;
+  std::vector<int> ranks(ctl_->abort_ranks, ctl_->abort_ranks + ctl_->abort_nranks);
+  throw Error(static_cast<Error::Kind>(ctl_->abort_kind),
+              std::string(ctl_->abort_message) + " (reported by rank " + std::to_string(who) + ")",
+              ranks);
+}
+
+void HostSegment::abort(const Error& error) {
+  int32_t expected = -1;
+  const int me = peers_[local_rank_].global_rank;
+  // The first failure wins; its message is the one every local rank reports.
+  if (ctl_->abort_rank.load() >= 0) return;
+  ctl_->abort_kind = static_cast<int32_t>(error.kind());
+  const auto& ranks = error.ranks();
+  ctl_->abort_nranks = (int32_t)std::min<std::size_t>(ranks.size(), kMaxAbortRanks);
+  for (int i = 0; i < ctl_->abort_nranks; ++i) ctl_->abort_ranks[i] = ranks[i];
+  std::strncpy(ctl_->abort_message, error.what(), sizeof ctl_->abort_message - 1);
+  ctl_->abort_rank.compare_exchange_strong(expected, me);
+  ctl_->futex_word.fetch_add(1);
+  futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
+}
+
+void HostSegment::check_liveness(uint64_t target, const std::string& op) const {
+  for (std::size_t i = 0; i < peers_.size(); ++i) {
+    if (ctl_->ranks[i].seq.load() >= target) continue;
+    if (process_gone(peers_[i].pid)) {
+      const int r = peers_[i].global_rank;
+      throw Error(Error::Kind::PeerLost,
+                  op + ": rank " + std::to_string(r) + " (pid " + std::to_string(peers_[i].pid) +
+                      ") exited before completing it",
+                  {r});
+    }
+  }
+}
+
+void HostSegment::wait_all(uint64_t target, const std::string& op) {
+  for (int i = 0; i < spin_; ++i) {
+    if (arrived(target)) return;
+    cpu_relax();
+  }
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto last_check = start;
+  int yields = 0;
+  for (;;) {
+    const uint32_t word = ctl_->futex_word.load();
+    if (arrived(target)) return;
+    check_abort();
+    if (yields < 16) {
+      ++yields;
+      std::this_thread::yield();
+      continue;
+    }
+    ctl_->waiters.fetch_add(1);
+    if (!arrived(target)) {
+      timespec ts{0, 20 * 1000 * 1000};
+      futex(&ctl_->futex_word, FUTEX_WAIT, word, &ts);
+    }
+    ctl_->waiters.fetch_sub(1);
+    const auto now = clock::now();
+    if (now - last_check > std::chrono::milliseconds(200)) {
+      last_check = now;
+      check_liveness(target, op);
+    }
+    if (now - start > std::chrono::milliseconds(timeout_ms_)) {
+      if (arrived(target)) return;
+      std::vector<int> missing;
+      for (std::size_t i = 0; i < peers_.size(); ++i)
+        if (ctl_->ranks[i].seq.load() < target) missing.push_back(peers_[i].global_rank);
+      throw Error(Error::Kind::Timeout,
+                  op + " timed out after " + std::to_string(timeout_ms_ / 1000) +
+                      "s waiting for ranks [" + join(missing) + "] (SHOAL_COLLECTIVE_TIMEOUT)",
+                  missing);
+    }
+  }
+}
+
+}  // namespace shoal

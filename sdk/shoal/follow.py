@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import random
-import sys
+import re
 import time
 import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 import attrs
+from rich.console import Console
+from rich.text import Text
 
 from shoal.aws_errors import is_retryable, translated
 from shoal.errors import CapacityError, JobFailedError, ValidationError
@@ -131,9 +133,29 @@ def _rule_lines(description: dict, last: dict) -> list[str]:
     return lines
 
 
-def print_line(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+_HOST_PREFIX = re.compile(r"^\[algo-(\d+)\] ")
+HOST_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+
+
+class ConsoleOutput:
+    """Prints lines to stdout. On a terminal or in a notebook each host's ``[algo-N]``
+    prefix gets its own colour; the line itself is never read as markup."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False, markup=False, emoji=False)
+        self.color = bool(self.console.is_terminal or self.console.is_jupyter)
+
+    def __call__(self, text: str) -> None:
+        if not self.color:
+            self.console.file.write(text + "\n")
+            self.console.file.flush()
+            return
+        match = _HOST_PREFIX.match(text)
+        line = Text(text)
+        if match:
+            style = HOST_STYLES[(int(match.group(1)) - 1) % len(HOST_STYLES)]
+            line = Text.assemble((match.group(0), style), text[match.end():])
+        self.console.print(line, soft_wrap=True)
 
 
 class Follower:
@@ -146,7 +168,7 @@ class Follower:
         job_name: str,
         *,
         logs="All",
-        out: Callable[[str], None] = print_line,
+        out: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
@@ -157,7 +179,7 @@ class Follower:
         self.logs_client = logs_client
         self.job_name = job_name
         self.log_type = normalize_log_type(logs)
-        self.out = out
+        self.out = out or ConsoleOutput()
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()

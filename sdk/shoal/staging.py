@@ -40,6 +40,7 @@ DEFAULT_IGNORE: tuple[str, ...] = (
     ".venv/",
     "venv/",
     ".env",
+    ".aws/",  # credentials never belong in an archive that lands in S3
     ".DS_Store",
 )
 

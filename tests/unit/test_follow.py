@@ -291,3 +291,28 @@ def test_helpers():
     assert f"shoal.attach('{JOB}').logs()" in message
     assert f"shoal logs sagemaker://{REGION}/{JOB}" in message
     assert "keeps running" in message
+
+
+def test_console_output_colours_host_prefixes_and_ignores_markup():
+    import io
+
+    from rich.console import Console
+    from shoal.follow import ConsoleOutput
+
+    buffer = io.StringIO()
+    out = ConsoleOutput(Console(file=buffer, force_terminal=True, color_system="standard",
+                                highlight=False, markup=False))
+    out("[algo-2] loss [bold]0.5[/bold]")
+    text = buffer.getvalue()
+    assert "\x1b[" in text  # coloured
+    assert "[bold]0.5[/bold]" in text  # the user's line is not markup
+    plain = io.StringIO()
+    ConsoleOutput(Console(file=plain, force_terminal=False))("[algo-1] step 1")
+    assert plain.getvalue() == "[algo-1] step 1\n"
+
+
+def test_default_output_is_stdout(aws, capsys):
+    sm, stub, logs_client = aws
+    expect(stub, describe("Completed", "Completed", 1))
+    Follower(sm, logs_client, JOB, sleep=lambda s: None).run()
+    assert "Starting - Preparing the instances for training" in capsys.readouterr().out

@@ -327,3 +327,9 @@ def test_stage_for_job_in_a_user_bucket_with_kms(code):
     assert "ExpectedBucketOwner" not in calls[0][1]
     head = s3.head_object(Bucket="user-out", Key="job-10/source/sourcedir.tar.gz")
     assert head["ServerSideEncryption"] == "aws:kms"
+
+
+def test_aws_credentials_directory_is_ignored(code):
+    (code / ".aws").mkdir()
+    (code / ".aws" / "credentials").write_text("[default]\n")
+    assert not any(m.arcname.startswith(".aws") for m in staging.collect_members("train.py", str(code)))

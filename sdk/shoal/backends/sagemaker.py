@@ -11,7 +11,7 @@ import logging
 
 from shoal.aws_errors import translated
 from shoal.errors import Interrupted
-from shoal.follow import Follower, detach_message, normalize_log_type, print_line
+from shoal.follow import ConsoleOutput, Follower, detach_message, normalize_log_type
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class SageMakerTrainingJob:
             self._description = follower.run(wait=wait)
         except KeyboardInterrupt:
             message = detach_message(self.name, getattr(self.session, "region", None))
-            self.follow_options.get("out", print_line)(message)
+            (self.follow_options.get("out") or ConsoleOutput())(message)
             raise Interrupted(message) from None
         return self._description
 

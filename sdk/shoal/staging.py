@@ -44,6 +44,9 @@ DEFAULT_IGNORE: tuple[str, ...] = (
     ".DS_Store",
 )
 
+# Patterns in ``<source_dir>/.shoalignore`` apply after ``ignore`` (``!.env`` takes one back).
+IGNORE_FILE = ".shoalignore"
+
 # 1980-01-01: the earliest time every archive format and extractor accepts.
 FIXED_MTIME = 315532800
 
@@ -104,17 +107,27 @@ def code_destination(
 
 
 def _matches(rel: PurePosixPath, is_dir: bool, patterns: Sequence[str]) -> bool:
+    """gitignore-style: the last pattern that matches decides; ``!pattern`` re-includes."""
+    ignored = False
     for pattern in patterns:
-        dir_only = pattern.endswith("/")
-        pat = pattern.rstrip("/")
-        if dir_only and not is_dir:
+        negated = pattern.startswith("!")
+        pat = pattern[1:] if negated else pattern
+        if pat.endswith("/") and not is_dir:
             continue
+        pat = pat.rstrip("/")
         if "/" in pat:
-            if fnmatch.fnmatchcase(rel.as_posix(), pat.lstrip("/")):
-                return True
-        elif fnmatch.fnmatchcase(rel.name, pat):
-            return True
-    return False
+            hit = fnmatch.fnmatchcase(rel.as_posix(), pat.lstrip("/"))
+        else:
+            hit = fnmatch.fnmatchcase(rel.name, pat)
+        if hit:
+            ignored = not negated
+    return ignored
+
+
+def read_ignore_file(path: Path) -> tuple[str, ...]:
+    """The patterns of an ignore file: one per line, ``#`` comments and blanks skipped."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -183,6 +196,9 @@ def collect_members(
 ) -> list[Member]:
     """The archive's members in v2's layout, sorted by archive name.
 
+    ``ignore`` (the defaults unless given) and then ``source_dir/.shoalignore`` decide
+    what is left out.
+
     Raises ``StagingError`` for a missing entry point, an entry point outside
     ``source_dir``, a symlink that leaves its tree, or two members with one name.
     """
@@ -192,6 +208,9 @@ def collect_members(
         source = Path(source_dir)
         if not source.is_dir():
             raise StagingError(f"source_dir {source_dir!r} is not a directory")
+        ignore_file = source / IGNORE_FILE
+        if ignore_file.is_file():
+            ignore = (*ignore, *read_ignore_file(ignore_file))
         members = _tree_members(source, "", ignore)
         _check_entry_point(entry_point, source, members)
     for dep in dependencies:

@@ -333,3 +333,22 @@ def test_aws_credentials_directory_is_ignored(code):
     (code / ".aws").mkdir()
     (code / ".aws" / "credentials").write_text("[default]\n")
     assert not any(m.arcname.startswith(".aws") for m in staging.collect_members("train.py", str(code)))
+
+
+def test_shoalignore_adds_patterns_and_negation_takes_one_back(code):
+    (code / "data.csv").write_text("1,2\n")
+    (code / ".shoalignore").write_text("# local data\n*.csv\n\n!.env\n")
+    arcnames = [m.arcname for m in staging.collect_members("train.py", str(code))]
+    assert "data.csv" not in arcnames
+    assert ".env" in arcnames  # re-included
+    assert ".git/HEAD" not in arcnames  # the defaults still apply
+
+
+def test_last_matching_pattern_wins():
+    from pathlib import PurePosixPath
+
+    rel = PurePosixPath("conf/keep.yaml")
+    assert staging._matches(rel, False, ("*.yaml",))
+    assert not staging._matches(rel, False, ("*.yaml", "!keep.yaml"))
+    assert staging._matches(rel, False, ("!keep.yaml", "*.yaml"))
+    assert not staging._matches(PurePosixPath("build"), False, ("build/",))  # dirs only

@@ -42,6 +42,13 @@ def _s3_data(_, attribute, value):
     _text(max_len=limits.S3_URI_MAX)(_, attribute, value)
 
 
+def _in_api(_, attribute, value):
+    # v2 still sends TargetAttributeName; the API (botocore's model) no longer has it
+    if value is not None and "TargetAttributeName" not in limits.shape("InputDataConfig[]").members:
+        limits.fail(attribute.name, "is not accepted by the CreateTrainingJob API", value,
+                    InputError)
+
+
 def _tuple_or_none(value):
     return None if value is None else tuple(value)
 
@@ -66,7 +73,7 @@ class TrainingInput:
     attribute_names: tuple[str, ...] | None = attrs.field(
         default=None, converter=_tuple_or_none,
         validator=limits.items(limits.ATTRIBUTE_NAMES_MAX, error=InputError))
-    target_attribute_name: str | None = attrs.field(default=None, validator=_text())
+    target_attribute_name: str | None = attrs.field(default=None, validator=[_text(), _in_api])
     shuffle_config: ShuffleConfig | None = attrs.field(
         default=None, validator=attrs.validators.optional(
             attrs.validators.instance_of(ShuffleConfig)))

@@ -316,3 +316,33 @@ def test_default_output_is_stdout(aws, capsys):
     expect(stub, describe("Completed", "Completed", 1))
     Follower(sm, logs_client, JOB, sleep=lambda s: None).run()
     assert "Starting - Preparing the instances for training" in capsys.readouterr().out
+
+
+def test_connection_error_and_throttled_logs_do_not_stop_following(aws):
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    sm, stub, logs_client = aws
+    logs_client.create_log_group(logGroupName=LOG_GROUP)
+    logs_client.create_log_stream(logGroupName=LOG_GROUP, logStreamName=f"{JOB}/algo-1-9")
+    logs_client.put_log_events(
+        logGroupName=LOG_GROUP,
+        logStreamName=f"{JOB}/algo-1-9",
+        logEvents=[{"timestamp": NOW_MS, "message": "hello"}],
+    )
+    calls = {"n": 0}
+
+    def flaky(**_):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate"}}, "GetLogEvents")
+        if calls["n"] == 2:
+            raise EndpointConnectionError(endpoint_url="https://logs.us-west-2.amazonaws.com")
+
+    logs_client.meta.events.register("before-call.logs.GetLogEvents", flaky)
+    expect(stub, *[describe("InProgress", "Training", 3)] * 3, describe("Completed", "Completed", 5))
+    lines = []
+    follower(sm, logs_client, FakeClock(), lines).run()
+    notes = [line for line in lines if line.startswith("(CloudWatch Logs")]
+    assert len(notes) == 2
+    assert "ThrottlingException" in notes[0] or "Rate" in notes[0]
+    assert [line for line in lines if line.startswith("[algo-")] == ["[algo-1] hello"]

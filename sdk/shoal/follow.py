@@ -189,6 +189,8 @@ class Follower:
         self._printed: set[tuple[int, str]] = set()
         self._rules: dict = {}
         self._attempt = 0
+        self._last_event = 0.0
+        self._idle_noted = 0.0
 
     # -- one step each ---------------------------------------------------------------
     def describe(self) -> dict | None:
@@ -207,26 +209,45 @@ class Follower:
         self.out(f"({what} {type(exc).__name__}: {_short(exc)}; retrying)")
         self._attempt += 2  # back off harder than for a quiet job
 
-    def show_status(self, description: dict) -> None:
+    def show_status(self, description: dict) -> bool:
+        """Print new status transitions (and rule statuses); True when there were any."""
+        fresh = False
         for i, t in enumerate(description.get("SecondaryStatusTransitions") or []):
             key = (i, t.get("StatusMessage", ""))
             if key not in self._printed:
                 self._printed.add(key)
                 self.out(transition_line(t))
+                fresh = True
         if self.log_type in ("All", "Rules"):
             for line in _rule_lines(description, self._rules):
                 self.out(line)
+        return fresh
 
-    def show_logs(self) -> int:
-        """Print new log lines; returns how many there were."""
+    def show_logs(self) -> None:
+        """Print new log lines; any line resets the idle clock and the backoff."""
         if self.tailer is None:
-            return 0
+            return
         events = self.tailer.poll()
         if self.tailer.last_error is not None:
             self._note_retry("CloudWatch Logs", self.tailer.last_error)
         for event in events:
             self.out(format_event(event))
-        return len(events)
+        if events:
+            self._last_event, self._idle_noted, self._attempt = self.clock(), 0.0, 0
+
+    def pause(self, description: dict) -> None:
+        """Sleep until the next poll, saying so first when the logs have gone quiet."""
+        delay = self.backoff.delay(self._attempt, self.rng)
+        if self.tailer is not None:
+            idle = self.clock() - self._last_event
+            notice_at = max(self.idle_notice, 2 * self._idle_noted)  # 30 s, then sparser
+            if idle >= notice_at:
+                self._idle_noted = idle
+                self.out(self._idle_line(idle, description))
+            else:  # wake up in time to say so, rather than overshoot
+                delay = min(delay, max(0.5, notice_at - idle))
+        self.sleep(delay)
+        self._attempt += 1
 
     # -- the loop --------------------------------------------------------------------
     def run(self, wait: bool = True) -> dict:
@@ -241,29 +262,18 @@ class Follower:
                 self.logs_client, self.job_name, instance_count=instance_count(description)
             )
         finished = description["TrainingJobStatus"] in TERMINAL or not wait
-        last_event = self.clock()
-        idle_noted = 0.0
+        self._last_event, self._idle_noted = self.clock(), 0.0
         while True:
-            if self.show_logs():
-                last_event, idle_noted, self._attempt = self.clock(), 0.0, 0
+            self.show_logs()
             if finished:
                 break
-            delay = self.backoff.delay(self._attempt, self.rng)
-            if self.tailer is not None:
-                idle = self.clock() - last_event
-                notice_at = max(self.idle_notice, 2 * idle_noted)
-                if idle >= notice_at:
-                    idle_noted = idle
-                    self.out(self._idle_line(idle, description))
-                else:  # wake up in time to say so, rather than overshoot
-                    delay = min(delay, max(0.5, notice_at - idle))
-            self.sleep(delay)
-            self._attempt += 1
+            self.pause(description)
             fresh = self.describe()
             if fresh is None:
                 continue
             description = fresh
-            self.show_status(description)
+            if self.show_status(description):
+                self._attempt = 0  # things are moving: look again soon
             if description["TrainingJobStatus"] in TERMINAL:
                 # One more pause and read: events reach CloudWatch after the status flips.
                 self.sleep(self.backoff.start)

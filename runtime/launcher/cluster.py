@@ -1,21 +1,24 @@
 """Coordinating the hosts of a multi-host MPI job.
 
-On SageMaker every host runs ``train``. The master (first sorted host) starts sshd, waits
-until every worker's sshd accepts TCP connections on port 22 (``SHOAL_WORKER_TIMEOUT``,
-default 3600 s), then runs mpirun, which reaches the workers over ssh with the image's
-keys. Workers start sshd and then wait for the job's end and its outcome:
+On SageMaker every host runs ``train``. Workers fetch the code, start sshd and report to
+the master; the master (first sorted host) starts sshd, waits until every worker's sshd
+accepts TCP connections on port 22 and every worker has reported ready
+(``SHOAL_WORKER_TIMEOUT``, default 3600 s), then runs mpirun, which reaches the workers
+over ssh with the image's keys. The status channel is one TCP port on the master
+(``SHOAL_STATUS_PORT``, default 7594):
 
-* the master serves the outcome on a TCP status port (``SHOAL_STATUS_PORT``, default
-  7594): a worker connects (retrying until the master is up), and the master answers,
-  when mpirun has ended, with one JSON line ``{"exit_code": N, "message": "..."}``;
-* the worker then writes the same ``output/success`` or ``output/failure`` and exits with
-  the same code, so a failed job fails on every host (the toolkit's workers exit 0 when
-  the job failed);
+* a worker connects (retrying until the master is up) and sends one JSON line,
+  ``{"host": "algo-2", "ready": true}``, or ``"ready": false`` with a ``message`` when it
+  could not start (then the master does not run mpirun and the job fails everywhere);
+* when mpirun has ended the master answers every worker with one JSON line
+  ``{"exit_code": N, "message": "<the failure text>"}``; the worker writes the same
+  ``output/success`` or ``output/failure`` and exits with the same code, so a failed job
+  fails on every host (the toolkit's workers exit 0 when the job failed);
 * a connection lost before the answer means the master died: the worker fails too.
 
 The master keeps answering for ``SHOAL_STATUS_LINGER`` seconds (default 60) after the job
-so that late workers learn the outcome. Only the outcome travels; nothing is accepted
-from a connecting peer.
+so that late workers learn the outcome. Only readiness and the outcome travel; nothing a
+peer sends is executed or written anywhere.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class StatusServer:
         self._cond = threading.Condition()
         self._connected: set[str] = set()
         self._acked: set[str] = set()
+        self._worker_failure: tuple[str, str] | None = None
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -125,9 +129,12 @@ class StatusServer:
         with conn:
             try:
                 conn.settimeout(30)
-                name = conn.makefile("rb").readline(256).decode("utf-8", "replace").strip()
+                hello = _parse_hello(conn.makefile("rb").readline(4096))
+                name = hello["host"]
                 with self._cond:
                     self._connected.add(name)
+                    if not hello["ready"] and self._worker_failure is None:
+                        self._worker_failure = (name, hello["message"])
                     self._cond.notify_all()
                 conn.settimeout(None)
                 self._ready.wait()
@@ -142,7 +149,13 @@ class StatusServer:
     def wait_for_workers(self, hosts: Sequence[str], timeout: float) -> None:
         """Block until every host in ``hosts`` has connected, or raise LaunchError."""
         with self._cond:
-            if not self._cond.wait_for(lambda: set(hosts) <= self._connected, timeout):
+            done = self._cond.wait_for(
+                lambda: set(hosts) <= self._connected or self._worker_failure, timeout
+            )
+            if self._worker_failure:
+                host, message = self._worker_failure
+                raise LaunchError(f"host {host} could not start: {message}")
+            if not done:
                 missing = sorted(set(hosts) - self._connected)
                 raise LaunchError(f"workers {missing} did not report ready within {timeout:.0f}s")
 
@@ -159,9 +172,22 @@ class StatusServer:
         self._thread.join(timeout=2)
 
 
+def _parse_hello(line: bytes) -> dict:
+    try:
+        data = json.loads(line.decode("utf-8", "replace"))
+        return {"host": str(data["host"]), "ready": bool(data.get("ready", True)),
+                "message": str(data.get("message", ""))[:1024]}  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {"host": line.decode("utf-8", "replace").strip()[:256], "ready": True, "message": ""}
+
+
 def wait_for_outcome(master: str, port: int = STATUS_PORT, connect_timeout: float = 3600.0,
-                     interval: float = 1.0, me: str = "") -> JobStatus:  # fmt: skip
-    """The worker's side: connect to the master and block until it sends the outcome."""
+                     interval: float = 1.0, me: str = "",
+                     failed: str | None = None) -> JobStatus:  # fmt: skip
+    """The worker's side: report to the master, block until it sends the outcome.
+
+    ``failed`` reports that this worker could not start (with that message).
+    """
     deadline = time.monotonic() + connect_timeout
     while True:
         try:
@@ -172,7 +198,8 @@ def wait_for_outcome(master: str, port: int = STATUS_PORT, connect_timeout: floa
                 return JobStatus(1, f"could not reach the master {master}:{port}")
             time.sleep(interval)
     with conn:
-        conn.sendall((me or "worker").encode()[:200] + b"\n")
+        hello = {"host": me or "worker", "ready": failed is None, "message": failed or ""}
+        conn.sendall(json.dumps(hello).encode() + b"\n")
         conn.settimeout(None)
         data = b""
         while not data.endswith(b"\n"):

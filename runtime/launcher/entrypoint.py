@@ -72,6 +72,7 @@ class Launch:
         self.interface = LOOPBACK if self.simulated else job.network_interface_name
         self.master_addr = environ.get("SHOAL_MASTER_ADDR") or job.master_hostname
         self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
+        self.coordinated = self.runner in (Runner.MPI, Runner.DATAPARALLEL)
 
     def sm_vars(self) -> dict[str, str]:
         return sm_env_vars(self.job)
@@ -136,18 +137,33 @@ def _finish(paths: JobPaths, outcome: Outcome) -> tuple[int, str]:
     return exit_status(outcome), text
 
 
+def _status_port(launch: Launch) -> int:
+    return int(launch.environ.get("SHOAL_STATUS_PORT", cluster.STATUS_PORT))
+
+
+def _workers(launch: Launch) -> list[str]:
+    return [h for h in launch.hosts if h != launch.job.current_host]
+
+
 def run_master(launch: Launch) -> int:
-    workers = [h for h in launch.hosts if h != launch.job.current_host]
-    port = int(launch.environ.get("SHOAL_STATUS_PORT", cluster.STATUS_PORT))
+    workers = _workers(launch)
     timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
-    status = cluster.StatusServer(port) if workers else None
+    linger = _float_env(launch.environ, "SHOAL_STATUS_LINGER", 60.0)
+    status = cluster.StatusServer(_status_port(launch)) if workers else None
     sshd = None
     try:
-        if workers and not launch.simulated:
-            sshd = cluster.start_sshd()
-            cluster.wait_for_ports(workers, 22, timeout)
-        if status:
+        if workers:
+            if not launch.simulated:
+                sshd = cluster.start_sshd()
             status.wait_for_workers(workers, timeout)
+            if not launch.simulated:
+                cluster.wait_for_ports(workers, 22, timeout)
+    except ShoalError as e:
+        code = _startup_failed(launch.job.paths, e)
+        status.publish(cluster.JobStatus(code, failure.startup_failure_message(e)))
+        status.close(workers, linger=linger)
+        return code
+    try:
         keep = [sshd.pid] if sshd else []
         outcome = launch.supervise(launch.mpirun_argv(), launch.env(), keep)
         code, text = _finish(launch.job.paths, outcome)
@@ -158,17 +174,30 @@ def run_master(launch: Launch) -> int:
         raise
     if status:
         status.publish(cluster.JobStatus(code, text))
-        status.close(workers, linger=_float_env(launch.environ, "SHOAL_STATUS_LINGER", 60.0))
+        status.close(workers, linger=linger)
     return code
+
+
+def report_startup_failure(launch: Launch, text: str) -> None:
+    """Tell the other hosts of an MPI job that this host could not start."""
+    timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
+    if launch.job.current_host == launch.hosts[0]:
+        status = cluster.StatusServer(_status_port(launch))
+        status.publish(cluster.JobStatus(1, text))
+        status.close(_workers(launch), linger=_float_env(launch.environ,
+                                                         "SHOAL_STATUS_LINGER", 60.0))
+    else:
+        cluster.wait_for_outcome(launch.master_addr, _status_port(launch), timeout,
+                                 me=launch.job.current_host, failed=text)
 
 
 def run_worker(launch: Launch) -> int:
     if not launch.simulated:
         cluster.start_sshd()
-    port = int(launch.environ.get("SHOAL_STATUS_PORT", cluster.STATUS_PORT))
     timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
     log.info("waiting for the master %s to run the job", launch.master_addr)
-    status = cluster.wait_for_outcome(launch.master_addr, port, timeout, me=launch.job.current_host)
+    status = cluster.wait_for_outcome(launch.master_addr, _status_port(launch), timeout,
+                                      me=launch.job.current_host)
     paths = launch.job.paths
     if status.exit_code == 0:
         failure.write_success(paths)
@@ -225,33 +254,48 @@ def run_process(launch: Launch) -> int:
     return _finish(launch.job.paths, launch.supervise(argv, launch.env()))[0]
 
 
+def _startup_failed(paths: JobPaths, error: BaseException) -> int:
+    if isinstance(error, ShoalError):
+        log.error("%s", error)
+    else:
+        log.exception("launcher error")
+    failure.write_failure(paths, failure.startup_failure_message(error))
+    return error.exit_code if isinstance(error, ShoalError) else 1
+
+
+def _dispatch(launch: Launch) -> int:
+    job = launch.job
+    log.info("host %s of %s; runner %s; %d process(es) per host", job.current_host,
+             launch.hosts, launch.runner.value, launch.ppn)  # fmt: skip
+    if launch.coordinated:
+        return run_master(launch) if job.current_host == launch.hosts[0] else run_worker(launch)
+    if launch.runner is Runner.TORCH_DISTRIBUTED:
+        return run_torchrun(launch)
+    if launch.runner is Runner.PARAMETER_SERVER:
+        return run_parameter_server(launch)
+    return run_process(launch)
+
+
 def train(paths: JobPaths, environ: Mapping[str, str] = os.environ) -> int:
     """Run this host's part of the job; the exit code."""
     try:
         job = load_environment(paths, environ)
         paths.ensure_output_dirs()
+        launch = Launch(job, environ)
+    except Exception as e:  # the failure file must say why, whatever broke
+        return _startup_failed(paths, e)
+    try:
         source.fetch_code(job.module_dir, paths.code_dir, environ=environ)
         source.install_dependencies(paths.code_dir)
-        launch = Launch(job, environ)
-        log.info("host %s of %s; runner %s; %d process(es) per host", job.current_host,
-                 launch.hosts, launch.runner.value, launch.ppn)  # fmt: skip
-        if launch.runner in (Runner.MPI, Runner.DATAPARALLEL):
-            if launch.job.current_host == launch.hosts[0]:
-                return run_master(launch)
-            return run_worker(launch)
-        if launch.runner is Runner.TORCH_DISTRIBUTED:
-            return run_torchrun(launch)
-        if launch.runner is Runner.PARAMETER_SERVER:
-            return run_parameter_server(launch)
-        return run_process(launch)
-    except ShoalError as e:
-        log.error("%s", e)
-        failure.write_failure(paths, failure.startup_failure_message(e))
-        return e.exit_code
-    except Exception as e:  # the failure file must say why, whatever broke
-        log.exception("launcher error")
-        failure.write_failure(paths, failure.startup_failure_message(e))
-        return 1
+    except Exception as e:
+        code = _startup_failed(paths, e)
+        if launch.coordinated and len(launch.hosts) > 1:
+            report_startup_failure(launch, failure.startup_failure_message(e))
+        return code
+    try:
+        return _dispatch(launch)
+    except Exception as e:
+        return _startup_failed(paths, e)
 
 
 def _configure_logging(environ: Mapping[str, str]) -> None:

@@ -15,6 +15,8 @@ How the hosts stay apart on one machine:
   the remote command (Open MPI's ``orted``) locally with algo-2's ``SAGEMAKER_BASE_DIR`` and
   ``SHOAL_HOST``. Every simulated host gets its own ``orted``, so Open MPI and the
   collective core (which groups ranks by ``SHOAL_HOST``) treat them as different hosts;
+* each host gets its own Open MPI session directory (``orte_tmpdir_base``) under a
+  per-job temporary directory;
 * the master and status ports are allocated per job (``SHOAL_MASTER_PORT``,
   ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
   collide.
@@ -28,16 +30,19 @@ Example::
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 import psutil
 
 SIMULATED_ROOT_ENV = "SHOAL_SIMULATED_ROOT"
+SESSION_TMP_ENV = "SHOAL_SIMULATED_TMP"
 LOOPBACK = "lo"
 
 
@@ -54,13 +59,18 @@ def free_port() -> int:
 
 def host_environment(job_root: str, host: str, base: Mapping[str, str]) -> dict[str, str]:
     """The environment of one simulated host's processes (pure)."""
-    return {
+    env = {
         **base,
         "SAGEMAKER_BASE_DIR": os.path.join(os.path.abspath(job_root), host),
         "SHOAL_HOST": host,
         SIMULATED_ROOT_ENV: os.path.abspath(job_root),
         "SHOAL_MASTER_ADDR": "127.0.0.1",
     }
+    if base.get(SESSION_TMP_ENV):
+        # Each simulated host keeps its Open MPI session directory apart: hosts and
+        # concurrent jobs on one machine would otherwise share /tmp/ompi.<hostname>.<uid>.
+        env["OMPI_MCA_orte_tmpdir_base"] = os.path.join(base[SESSION_TMP_ENV], host)
+    return env
 
 
 def _end(procs: Sequence[subprocess.Popen], grace: float) -> None:
@@ -99,9 +109,20 @@ def run_job(
     base = dict(os.environ if env is None else env)
     base.setdefault("SHOAL_MASTER_PORT", str(free_port()))
     base.setdefault("SHOAL_STATUS_PORT", str(free_port()))
+    # Short paths: Open MPI puts unix sockets in its session directory.
+    session_tmp = tempfile.mkdtemp(prefix="shoal-")
+    base[SESSION_TMP_ENV] = session_tmp
+    try:
+        return _run_hosts(job_root, hosts, base, timeout, python, grace)
+    finally:
+        shutil.rmtree(session_tmp, ignore_errors=True)
+
+
+def _run_hosts(job_root, hosts, base, timeout, python, grace) -> int:
     procs = []
     for host in hosts:
         host_env = host_environment(job_root, host, base)
+        os.makedirs(host_env.get("OMPI_MCA_orte_tmpdir_base", "."), exist_ok=True)
         procs.append(subprocess.Popen([python, "-m", "shoal.launcher.entrypoint"], env=host_env))
     deadline = None if timeout is None else time.monotonic() + timeout
     try:

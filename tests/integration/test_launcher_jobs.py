@@ -144,3 +144,17 @@ def test_sigterm_to_the_launcher_ends_every_rank(tmp_path):
     assert failure_text(root, "algo-2").startswith("Training stopped by SIGTERM.")
     time.sleep(0.5)
     assert job_processes(root) == []
+
+
+def test_a_worker_that_cannot_start_fails_the_job_everywhere(tmp_path):
+    root = make_job(tmp_path / "job", WRITE_RANK)
+    (root / "algo-2" / "code" / "train.py").unlink()
+    hps = json.loads((root / "algo-2" / "input/config/hyperparameters.json").read_text())
+    hps["sagemaker_submit_directory"] = json.dumps(str(tmp_path / "missing-source"))
+    (root / "algo-2" / "input/config/hyperparameters.json").write_text(json.dumps(hps))
+    code = run_job(str(root), HOSTS, timeout=60, env={**os.environ, "SHOAL_STATUS_LINGER": "5"})
+    assert code not in (0, 124)
+    assert "does not exist" in failure_text(root, "algo-2")
+    assert "host algo-2 could not start" in failure_text(root, "algo-1")
+    assert list((root / "algo-1" / "model").glob("rank-*.json")) == []
+    assert job_processes(root) == []

@@ -61,3 +61,17 @@ def test_wait_for_ports():
     cluster.wait_for_ports([], 22, timeout=0.1)
     with pytest.raises(LaunchError, match="did not open port"):
         cluster.wait_for_ports(["127.0.0.1"], free_port(), timeout=0.3, interval=0.1)
+
+
+def test_a_worker_that_could_not_start_fails_the_wait_at_once():
+    server = cluster.StatusServer(free_port(), bind="127.0.0.1")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(s=cluster.wait_for_outcome(
+        "127.0.0.1", server.port, 10, 0.05, me="algo-2", failed="pip install failed")))
+    t.start()
+    with pytest.raises(LaunchError, match="host algo-2 could not start: pip install failed"):
+        server.wait_for_workers(["algo-2", "algo-3"], timeout=10)
+    server.publish(cluster.JobStatus(2, "host algo-2 could not start"))
+    t.join(10)
+    server.close(["algo-2"], linger=5)
+    assert got["s"] == cluster.JobStatus(2, "host algo-2 could not start")

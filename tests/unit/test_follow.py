@@ -346,3 +346,14 @@ def test_connection_error_and_throttled_logs_do_not_stop_following(aws):
     assert len(notes) == 2
     assert "ThrottlingException" in notes[0] or "Rate" in notes[0]
     assert [line for line in lines if line.startswith("[algo-")] == ["[algo-1] hello"]
+
+
+def test_quiet_job_polls_slower_and_a_new_status_resets_the_pace(aws):
+    sm, stub, logs_client = aws
+    quiet = [describe("InProgress", "Starting", 1)] * 6
+    expect(stub, *quiet, describe("InProgress", "Training", 3), describe("Completed", "Completed", 5))
+    clock = FakeClock()
+    follower(sm, logs_client, clock, [], logs="None").run()
+    polls = clock.sleeps[:-1]  # the last sleep is the pause after the end
+    assert polls[5] > 2 * polls[0]
+    assert polls[6] < polls[5] / 2  # after the Training transition: back to ~5 s

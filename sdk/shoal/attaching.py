@@ -17,6 +17,7 @@ from shoal.aws_errors import translated
 from shoal.distribution import HYPERPARAMETER_NAMES, Distribution
 from shoal.follow import normalize_log_type
 from shoal.inputs import FileInput, FileSystemInput, ShuffleConfig, TrainingInput
+from shoal.request import InstanceGroup
 
 SCRIPT_PARAM = "sagemaker_program"
 DIR_PARAM = "sagemaker_submit_directory"
@@ -109,7 +110,10 @@ def _resource_params(description: dict) -> dict:
     resources = description.get("ResourceConfig", {})
     params: dict = {"volume_size": resources.get("VolumeSizeInGB")}
     if resources.get("InstanceGroups"):
-        params["instance_groups"] = resources["InstanceGroups"]
+        params["instance_groups"] = [
+            InstanceGroup(g["InstanceGroupName"], g["InstanceType"], g["InstanceCount"])
+            for g in resources["InstanceGroups"]
+        ]
     else:
         params["instance_count"] = resources.get("InstanceCount")
         params["instance_type"] = resources.get("InstanceType")

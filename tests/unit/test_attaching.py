@@ -264,3 +264,18 @@ def test_module_function_is_exported():
     import shoal
 
     assert shoal.attach is attach
+
+
+def test_heterogeneous_cluster_comes_back_as_instance_groups():
+    from shoal.request import InstanceGroup
+
+    groups = [
+        {"InstanceGroupName": "gpus", "InstanceType": "ml.p4d.24xlarge", "InstanceCount": 2},
+        {"InstanceGroupName": "cpus", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 4},
+    ]
+    params = init_params(description(ResourceConfig={"InstanceGroups": groups, "VolumeSizeInGB": 30}))
+    assert params["instance_groups"] == [
+        InstanceGroup("gpus", "ml.p4d.24xlarge", 2),
+        InstanceGroup("cpus", "ml.c5.18xlarge", 4),
+    ]
+    assert "instance_count" not in params and "instance_type" not in params

@@ -259,7 +259,8 @@ def write_archive(members: Sequence[Member], target: str | os.PathLike) -> Path:
     """
     target = Path(target)
     with open(target, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        # level 6: twice as fast as 9 for well under 1% more bytes
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for member in members:
                     info = _tarinfo(member)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import warnings
 
 import attrs
@@ -40,9 +41,18 @@ RENAMED = {
 CODE_CHANNEL_ARCHIVE = "/opt/ml/input/data/code/sourcedir.tar.gz"
 
 
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside Shoal's SDK: the user's call."""
+    here = os.path.dirname(__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(frame.f_code.co_filename) == here:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _deprecated(old: str, new: str) -> None:
     warnings.warn(f"'{old}' is deprecated, use '{new}' (renamed in SageMaker Python SDK v2)",
-                  DeprecationWarning, stacklevel=5)
+                  DeprecationWarning, stacklevel=_caller_stacklevel())
 
 
 def pop_renamed(kwargs: dict, old: str, new: str, value):

@@ -125,7 +125,7 @@ def test_instance_group_limits():
 @pytest.mark.parametrize("changes, message", [
     ({"job_name": "bad_name"}, "'job_name' must match regex"),
     ({"job_name": "j" * 64}, "'job_name' must be at most 63 characters"),
-    ({"role_arn": "SageMakerRole"}, "'role_arn' must match regex"),
+    ({"role_arn": ""}, "'role_arn' must be at least 1 characters"),
     ({"hyperparameters": {f"h{i}": "1" for i in range(101)}},
      "'hyperparameters' must have at most 100 entries"),
     ({"hyperparameters": {"k" * 257: "1"}}, "'hyperparameter name' must be at most 256"),

@@ -31,7 +31,7 @@ from shoal.launcher.environment import (
     sm_env_vars,
 )
 from shoal.launcher.paths import JobPaths
-from shoal.launcher.rank import job_id
+from shoal.launcher.rank import job_id, write_host_environment
 from shoal.launcher.runners import Runner
 from shoal.launcher.simulate import LOOPBACK, SIMULATED_ROOT_ENV, agent_command
 from shoal.launcher.supervisor import (
@@ -73,12 +73,18 @@ class Launch:
         self.master_addr = environ.get("SHOAL_MASTER_ADDR") or job.master_hostname
         self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
         self.coordinated = self.runner in (Runner.MPI, Runner.DATAPARALLEL)
+        self._env: dict[str, str] | None = None
 
     def sm_vars(self) -> dict[str, str]:
         return sm_env_vars(self.job)
 
     def env(self) -> dict[str, str]:
-        """The environment of the job's processes on this host."""
+        """The environment of the job's processes on this host (a fresh copy)."""
+        if self._env is None:
+            self._env = self._build_env()
+        return dict(self._env)
+
+    def _build_env(self) -> dict[str, str]:
         env = {**self.environ, **process_env_vars(self.job, self.environ), **self.sm_vars()}
         env.setdefault("SHOAL_HOST", self.job.current_host)
         env.setdefault("LD_LIBRARY_PATH", "")  # mpirun -x warns about unset variables
@@ -268,6 +274,7 @@ def _dispatch(launch: Launch) -> int:
     log.info("host %s of %s; runner %s; %d process(es) per host", job.current_host,
              launch.hosts, launch.runner.value, launch.ppn)  # fmt: skip
     if launch.coordinated:
+        write_host_environment(job.paths.input_dir, launch.env())
         return run_master(launch) if job.current_host == launch.hosts[0] else run_worker(launch)
     if launch.runner is Runner.TORCH_DISTRIBUTED:
         return run_torchrun(launch)

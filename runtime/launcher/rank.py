@@ -16,8 +16,12 @@ reports how it ended:
 * ``SHOAL_NETWORK_INTERFACE`` from resourceconfig.json's ``network_interface_name``;
   ``SHOAL_COLLECTIVE_TIMEOUT`` passes through untouched.
 
-The ``SM_*`` variables forwarded by mpirun are those of the master host; when this host's
-/opt/ml configuration is readable they are recomputed for this host. When the command
+Ranks on worker hosts are started by an ``orted`` that sshd launched, with sshd's
+environment rather than the container's: the launcher of every host writes its job
+environment to ``input/shoal-host-env.json`` (mode 0600) and the wrapper starts from it,
+with what mpirun passed on top. The ``SM_*`` variables forwarded by mpirun are those of the
+master host; when this host's /opt/ml configuration is readable they are recomputed for
+this host. When the command
 fails (and the wrapper was not told to stop), one line ``SHOAL_RANK_FAILED {json}`` on
 stderr names the rank, host, exit code or signal, for the launcher's failure report. The
 child is killed if the wrapper dies (``PR_SET_PDEATHSIG``), so no rank is orphaned.
@@ -37,6 +41,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 FAILURE_MARKER = "SHOAL_RANK_FAILED"
+HOST_ENV_FILE = "shoal-host-env.json"
 DEFAULT_MASTER_PORT = "7777"
 _PR_SET_PDEATHSIG = 1
 
@@ -115,6 +120,29 @@ def _host_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[
     return ranks, sm_env_vars(job)
 
 
+def write_host_environment(input_dir: str, env: Mapping[str, str]) -> str:
+    """Save this host's job environment for ranks started through sshd (owner-only)."""
+    path = os.path.join(input_dir, HOST_ENV_FILE)
+    os.makedirs(input_dir, exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(dict(env), f)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_host_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    from shoal.launcher.paths import JobPaths
+
+    path = os.path.join(JobPaths.from_environ(environ).input_dir, HOST_ENV_FILE)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
 def _fields(job) -> dict:
     import attrs
 
@@ -141,6 +169,7 @@ def failure_line(ranks: Mapping[str, str], returncode: int) -> str:
 
 
 def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
+    environ = {**read_host_environment(environ), **environ}
     ranks, sm_vars = _host_environment(environ)
     env = {**environ, **sm_vars, **ranks}
     stopping = []

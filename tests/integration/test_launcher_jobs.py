@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-
 from shoal.launcher.simulate import free_port, host_environment, run_job
 
 pytestmark = [

@@ -93,3 +93,14 @@ def test_wrapper_recomputes_sm_variables_for_its_host(tmp_path):
                      " os.environ['MASTER_ADDR'])", tmp_path,
                      {"SM_CURRENT_HOST": "algo-1", "SM_MODEL_DIR": "/elsewhere"})  # fmt: skip
     assert done.stdout.split() == ["algo-2", str(tmp_path / "model"), "algo-1"]
+
+
+def test_host_environment_file_is_private_and_is_the_base_of_the_rank_env(tmp_path):
+    from shoal.launcher.rank import write_host_environment
+
+    path = write_host_environment(str(tmp_path / "input"), {"FROM_CONTAINER": "yes",
+                                                            "OVERRIDDEN": "file"})  # fmt: skip
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    done = _run_rank("import os; print(os.environ['FROM_CONTAINER'], os.environ['OVERRIDDEN'])",
+                     tmp_path, {"OVERRIDDEN": "mpirun"})  # fmt: skip
+    assert done.stdout.split() == ["yes", "mpirun"]

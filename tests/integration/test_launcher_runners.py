@@ -1,0 +1,78 @@
+"""The non-MPI runners through ``train`` on simulated hosts: torchrun, one process per host."""
+
+import json
+
+import pytest
+from shoal.launcher.simulate import run_job
+
+TORCHRUN_SCRIPT = """
+import json, os
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+rank = dist.get_rank()
+with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "size": dist.get_world_size(), "sum": t.item(),
+               "local_rank": int(os.environ["LOCAL_RANK"]), "host": os.environ["SHOAL_HOST"],
+               "job_id": os.environ["SHOAL_JOB_ID"]}, f)
+dist.destroy_process_group()
+"""
+
+PROCESS_SCRIPT = """
+import json, os, sys
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "process.json"), "w") as f:
+    json.dump({"host": os.environ["SHOAL_HOST"], "tf_config": json.loads(os.environ["TF_CONFIG"]),
+               "args": sys.argv[1:], "cwd": os.getcwd()}, f)
+"""
+
+
+def make_job(root, hosts, script, hps):
+    for host in hosts:
+        config = root / host / "input" / "config"
+        config.mkdir(parents=True)
+        (config / "resourceconfig.json").write_text(
+            json.dumps({"current_host": host, "hosts": hosts}))
+        (config / "hyperparameters.json").write_text(
+            json.dumps({"sagemaker_program": json.dumps("train.py"), **hps}))
+        (root / host / "code").mkdir()
+        (root / host / "code" / "train.py").write_text(script)
+    return root
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_torchrun_two_hosts_two_processes(tmp_path):
+    hosts = ["algo-1", "algo-2"]
+    root = make_job(tmp_path / "job", hosts, TORCHRUN_SCRIPT, {
+        "sagemaker_torch_distributed_enabled": "true",
+        "sagemaker_mpi_num_of_processes_per_host": "2",
+        "sagemaker_job_name": json.dumps("tr")})  # fmt: skip
+    assert run_job(str(root), hosts, timeout=300, env=None) == 0
+    records = [json.loads(p.read_text()) for h in hosts for p in (root / h / "model").glob("*")]
+    assert sorted(r["rank"] for r in records) == [0, 1, 2, 3]
+    for r in records:
+        assert r["size"] == 4 and r["sum"] == 10.0
+        assert r["host"] == hosts[r["rank"] // 2] and r["local_rank"] == r["rank"] % 2
+
+
+def test_one_process_per_host_with_multi_worker_mirrored_tf_config(tmp_path):
+    hosts = ["algo-1", "algo-2"]
+    root = make_job(tmp_path / "job", hosts, PROCESS_SCRIPT, {
+        "sagemaker_multi_worker_mirrored_strategy_enabled": "true", "batch-size": "8"})
+    assert run_job(str(root), hosts, timeout=120) == 0
+    for i, host in enumerate(hosts):
+        rec = json.loads((root / host / "model" / "process.json").read_text())
+        assert rec["host"] == host
+        assert rec["args"] == ["--batch-size", "8"]
+        assert rec["cwd"] == str(root / host / "code")
+        assert rec["tf_config"]["task"] == {"index": i, "type": "worker"}
+        assert (root / host / "output" / "success").exists()
+
+
+def test_single_host_script_failure_writes_the_failure_file(tmp_path):
+    root = make_job(tmp_path / "job", ["algo-1"], "import sys\nsys.exit('no data found')\n", {})
+    assert run_job(str(root), ["algo-1"], timeout=120) == 1
+    text = (root / "algo-1" / "output" / "failure").read_text()
+    assert text.startswith("Training process exited with code 1. no data found")

@@ -158,6 +158,16 @@ class ConsoleOutput:
         self.console.print(line, soft_wrap=True)
 
 
+def as_output(out) -> Callable[[str], None]:
+    """``out`` as a line printer: None is stdout, a text stream is written to (coloured
+    when it is a terminal), a callable is used as is."""
+    if out is None:
+        return ConsoleOutput()
+    if hasattr(out, "write"):
+        return ConsoleOutput(Console(file=out, highlight=False, markup=False, emoji=False))
+    return out
+
+
 class Follower:
     """Follows one job until it ends (``run``) or reads what is there (``run(wait=False)``)."""
 
@@ -168,7 +178,7 @@ class Follower:
         job_name: str,
         *,
         logs="All",
-        out: Callable[[str], None] | None = None,
+        out=None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
@@ -179,7 +189,7 @@ class Follower:
         self.logs_client = logs_client
         self.job_name = job_name
         self.log_type = normalize_log_type(logs)
-        self.out = out or ConsoleOutput()
+        self.out = as_output(out)
         self.clock = clock
         self.sleep = sleep
         self.rng = rng or random.Random()

@@ -164,3 +164,27 @@ def test_missing_credentials_map_to_credentials_error(session):
     sm.meta.events.register("before-call.sagemaker.CreateTrainingJob", no_creds)
     with pytest.raises(CredentialsError, match="no usable AWS credentials"):
         backend(session).submit(request())
+
+
+def test_wait_writes_to_a_given_stream(session):
+    import io
+
+    sm = session.sagemaker_client
+    stream = io.StringIO()
+    with Stubber(sm) as stub:
+        stub.add_response(
+            "describe_training_job",
+            describe_response(
+                "Completed",
+                SecondaryStatusTransitions=[{
+                    "Status": "Completed", "StatusMessage": "Training job completed",
+                    "StartTime": datetime(2024, 1, 1, tzinfo=timezone.utc)}],
+                TrainingTimeInSeconds=10, BillableTimeInSeconds=10,
+            ),
+        )
+        SageMakerTrainingJob(JOB, session, sleep=lambda s: None).wait(logs="None", out=stream)
+    assert stream.getvalue().splitlines() == [
+        "2024-01-01 00:00:00 Completed - Training job completed",
+        "Training seconds: 10",
+        "Billable seconds: 10",
+    ]

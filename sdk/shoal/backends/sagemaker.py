@@ -11,7 +11,7 @@ import logging
 
 from shoal.aws_errors import translated
 from shoal.errors import Interrupted
-from shoal.follow import ConsoleOutput, Follower, detach_message, normalize_log_type
+from shoal.follow import Follower, as_output, detach_message, normalize_log_type
 
 logger = logging.getLogger(__name__)
 
@@ -48,34 +48,39 @@ class SageMakerTrainingJob:
             )
         return self._description
 
-    def _follow(self, logs, wait: bool) -> dict:
+    def _follow(self, logs, wait: bool, out=None) -> dict:
+        options = dict(self.follow_options)
+        printer = as_output(out if out is not None else options.pop("out", None))
+        options.pop("out", None)
         follower = Follower(
             self.session.sagemaker_client,
             _logs_client(self.session),
             self.name,
             logs=logs,
-            **self.follow_options,
+            out=printer,
+            **options,
         )
         try:
             self._description = follower.run(wait=wait)
         except KeyboardInterrupt:
             message = detach_message(self.name, getattr(self.session, "region", None))
-            (self.follow_options.get("out") or ConsoleOutput())(message)
+            printer(message)
             raise Interrupted(message) from None
         return self._description
 
-    def wait(self, logs="All") -> dict:
+    def wait(self, logs="All", out=None) -> dict:
         """Follow until the job ends and return its final description.
 
         ``Completed`` returns; ``Failed`` raises ``JobFailedError`` (``CapacityError`` when
         the service had no capacity); ``Stopped`` warns and returns, because a job stopped
-        on purpose (or at its time limit) may still have saved a usable model.
+        on purpose (or at its time limit) may still have saved a usable model. ``out``: a
+        text stream or a line callable (default stdout).
         """
-        return self._follow(normalize_log_type(logs), wait=True)
+        return self._follow(normalize_log_type(logs), wait=True, out=out)
 
-    def logs(self, wait: bool = True) -> None:
+    def logs(self, wait: bool = True, out=None) -> None:
         """Print the job's status and logs, until it ends unless ``wait=False``."""
-        self._follow("All", wait=wait)
+        self._follow("All", wait=wait, out=out)
 
     def stop(self) -> None:
         """Ask SageMaker to stop the job (StopTrainingJob)."""

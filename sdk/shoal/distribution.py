@@ -248,6 +248,8 @@ def parse_distribution(
         for group in groups:
             _check_for_instance_type(raw, dist, group.instance_type, context)
     _check_combinations(dist, context, instance_type, instance_groups)
+    hosts = instance_count if groups is None else sum(g.instance_count for g in groups)
+    _check_model_parallel_layout(dist, hosts)
     return dist
 
 
@@ -618,6 +620,31 @@ def _check_combinations(dist: Distribution, context: _Context, instance_type, gr
     if dist.mwms_enabled:
         _check_mwms(dist, context)
     _check_groups_have_strategy(dist)
+
+
+def _check_model_parallel_layout(dist: Distribution, hosts: int | None) -> None:
+    """The MPI-launched library splits the ranks into pipeline x tensor x data groups."""
+    if not (dist.modelparallel_enabled and dist.mpi_enabled) or dist.torch_distributed_enabled:
+        return
+    params = dist.smdistributed.modelparallel.parameters
+    processes = dist.mpi.processes_per_host
+    if params is None or not processes or not isinstance(hosts, int) or hosts < 1:
+        return
+    ranks = processes * hosts
+    model = params.pipeline_parallel_degree * params.tensor_parallel_degree
+    here = where("smdistributed", "modelparallel", "parameters")
+    if ranks % model:
+        raise DistributionError(
+            f"{here}: pipeline_parallel_degree ({params.pipeline_parallel_degree}) x "
+            f"tensor_parallel_degree ({params.tensor_parallel_degree}) = {model} must divide "
+            f"the {ranks} ranks (processes_per_host {processes} x {hosts} hosts)"
+        )
+    sharded = params.get("sharded_data_parallel_degree", 1)
+    if (ranks // model) % sharded:
+        raise DistributionError(
+            f"{here}: sharded_data_parallel_degree ({sharded}) must divide the data-parallel "
+            f"degree ({ranks // model} = {ranks} ranks / {model} model-parallel ranks)"
+        )
 
 
 def _check_p5_and_image(dist: Distribution, context: _Context, instance_type, groups) -> None:

@@ -108,7 +108,7 @@ PARITY = {
                          "mpi": MPI8}, PT),
     "smp-v1-sharded": (
         {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "ddp": True, "sharded_data_parallel_degree": 16, "bf16": True,
+            "ddp": True, "sharded_data_parallel_degree": 8, "bf16": True,
             "sdp_reduce_bucket_size": 5e8, "delayed_parameter_initialization": True,
             "placement_strategy": "cluster", "tensor_parallel_degree": 2}}},
          "mpi": MPI8},
@@ -663,6 +663,52 @@ def test_modelparallel_parameter_errors_name_the_path():
              "mpi": MPI8},
             "distribution['smdistributed']['modelparallel']['parameters'] must be a dict or the "
             "path of a JSON file (got 7)")
+
+
+def test_modelparallel_parameters_fit_in_a_hyperparameter():
+    rejects({"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+        "partitions": 2, "partition_file": "p" * 2600}}}, "mpi": MPI8},
+        "distribution['smdistributed']['modelparallel']['parameters'] must encode to <= 2500 "
+        "characters as a hyperparameter (got 2639)")  # fmt: skip
+
+
+def smp_layout(params, processes=8, **kwargs):
+    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": params}},
+            "mpi": {"enabled": True, "processes_per_host": processes}}  # fmt: skip
+
+
+def test_model_parallel_degrees_divide_the_ranks():
+    rejects(smp_layout({"partitions": 3}),
+            "distribution['smdistributed']['modelparallel']['parameters']: "
+            "pipeline_parallel_degree (3) x tensor_parallel_degree (1) = 3 must divide the 16 "
+            "ranks (processes_per_host 8 x 2 hosts)")
+    rejects(smp_layout({"pipeline_parallel_degree": 2, "tensor_parallel_degree": 4, "ddp": True},
+                       processes=6),
+            "^.*= 8 must divide the 12 ranks \\(processes_per_host 6 x 2 hosts\\)$")
+    rejects(smp_layout({"ddp": True, "tensor_parallel_degree": 2,
+                        "sharded_data_parallel_degree": 3}),
+            "distribution['smdistributed']['modelparallel']['parameters']: "
+            "sharded_data_parallel_degree (3) must divide the data-parallel degree "
+            "(8 = 16 ranks / 2 model-parallel ranks)")
+    ok = parse_distribution(smp_layout({"ddp": True, "tensor_parallel_degree": 2,
+                                        "pipeline_parallel_degree": 2,
+                                        "sharded_data_parallel_degree": 4}), **PT)
+    assert ok.modelparallel_enabled
+
+
+def test_model_parallel_layout_counts_the_training_group():
+    two = [InstanceGroup("train", "ml.p4d.24xlarge", 3), InstanceGroup("data", "ml.c5.xlarge", 1)]
+    rejects({**smp_layout({"partitions": 16}), "instance_groups": ["train"]},
+            "^.*= 16 must divide the 24 ranks \\(processes_per_host 8 x 3 hosts\\)$",
+            **{**PT, "instance_type": None, "instance_count": None}, instance_groups=two)
+
+
+def test_model_parallel_layout_needs_known_processes():
+    # Without processes_per_host the ranks are one per GPU, known only on the hosts.
+    dist = parse_distribution(
+        {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {"partitions": 3}}},
+         "mpi": {"enabled": True}}, **PT)  # fmt: skip
+    assert dist.processes_per_host is None
 
 
 def test_tensorflow_smp_parameters():

@@ -271,6 +271,12 @@ class EstimatorBase:
         if wait:
             self.latest_training_job.wait(logs=logs)
 
+    def logs(self) -> None:
+        """Print the latest job's status and logs until it ends (v2's ``Estimator.logs``)."""
+        if self.latest_training_job is None:
+            raise ValidationError("no training job yet: call fit() or attach() first")
+        self.latest_training_job.logs()
+
     @classmethod
     def attach(cls, training_job_name: str, sagemaker_session=None, model_channel_name="model",
                wait: bool = False, logs="All"):

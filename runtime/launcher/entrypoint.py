@@ -9,6 +9,11 @@ environment, picks the runner (see :mod:`shoal.launcher.runners`) and runs it:
 
 Every host ends with ``output/success`` or ``output/failure`` and a matching exit code.
 SIGTERM is forwarded to every rank, with SIGKILL after ``SHOAL_STOP_GRACE`` seconds.
+
+Knobs (environment): ``SHOAL_STOP_GRACE`` (10 s), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
+``SHOAL_STATUS_PORT`` (7594), ``SHOAL_STATUS_LINGER`` (60 s), ``SHOAL_MASTER_PORT``
+(7777), ``SHOAL_MASTER_ADDR``, ``SHOAL_GETHOSTNAME_PRELOAD`` (a prebuilt shim, see
+:mod:`shoal.launcher.hostname`), ``SHOAL_S3_EXPECTED_BUCKET_OWNER``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 from collections.abc import Mapping
 
 from shoal.errors import LaunchError, ShoalError
-from shoal.launcher import cluster, failure, mpi, runners, source
+from shoal.launcher import cluster, failure, hostname, mpi, runners, source
 from shoal.launcher.environment import (
     TrainingEnvironment,
     load_environment,
@@ -74,6 +79,7 @@ class Launch:
         self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
         self.coordinated = self.runner in (Runner.MPI, Runner.DATAPARALLEL)
         self._env: dict[str, str] | None = None
+        self.preload: str | None = None
 
     def sm_vars(self) -> dict[str, str]:
         return sm_env_vars(self.job)
@@ -117,7 +123,7 @@ class Launch:
                 self.dist.dataparallel_custom_options if dp else self.dist.mpi_custom_options
             ),
             num_processes=None if dp else self.dist.num_processes,
-            preload=self.environ.get("SHOAL_GETHOSTNAME_PRELOAD") or None,
+            preload=self.environ.get("SHOAL_GETHOSTNAME_PRELOAD") or self.preload,
             env_names=tuple(self.sm_vars()),
             rsh_agent=agent_command() if self.simulated else None,
             rank_wrapper=_tool(mpi.RANK_WRAPPER),
@@ -274,6 +280,8 @@ def _dispatch(launch: Launch) -> int:
     log.info("host %s of %s; runner %s; %d process(es) per host", job.current_host,
              launch.hosts, launch.runner.value, launch.ppn)  # fmt: skip
     if launch.coordinated:
+        # Every host builds the shim before reporting ready: ranks preload it by path.
+        launch.preload = hostname.ensure_shim(launch.environ)
         write_host_environment(job.paths.input_dir, launch.env())
         return run_master(launch) if job.current_host == launch.hosts[0] else run_worker(launch)
     if launch.runner is Runner.TORCH_DISTRIBUTED:

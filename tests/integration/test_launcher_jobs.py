@@ -20,13 +20,14 @@ pytestmark = [
 HOSTS = ["algo-1", "algo-2"]
 
 WRITE_RANK = """
-import json, os, sys
+import json, os, socket, sys
 rank = int(os.environ["RANK"])
 record = {"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]),
           "size": int(os.environ["WORLD_SIZE"]), "local_size": int(os.environ["LOCAL_WORLD_SIZE"]),
           "host": os.environ["SHOAL_HOST"], "sm_host": os.environ["SM_CURRENT_HOST"],
           "job_id": os.environ["SHOAL_JOB_ID"], "args": sys.argv[1:],
-          "ompi_rank": int(os.environ["OMPI_COMM_WORLD_RANK"])}
+          "ompi_rank": int(os.environ["OMPI_COMM_WORLD_RANK"]),
+          "hostname": socket.gethostname()}
 with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as f:
     json.dump(record, f)
 """
@@ -90,7 +91,7 @@ def test_every_rank_reports_rank_local_rank_size_and_host(tmp_path, flag):
     for rank, (model_host, rec) in records.items():
         expected_host = HOSTS[rank // 2]
         assert model_host == expected_host  # written to its own host's SM_MODEL_DIR
-        assert rec["host"] == rec["sm_host"] == expected_host
+        assert rec["host"] == rec["sm_host"] == rec["hostname"] == expected_host
         assert (rec["local_rank"], rec["size"], rec["local_size"]) == (rank % 2, 4, 2)
         assert rec["ompi_rank"] == rank
         assert rec["args"] == ["--epochs", "2"]

@@ -192,9 +192,11 @@ def test_failed_job_raises_with_its_reason(world):
     assert info.value.reason == "AlgorithmError: ExecuteUserScriptError"
 
 
-def test_attach_to_the_job_fit_started(world):
+def test_attach_to_the_job_fit_started(world, capsys):
     session, job, lines, code = world
+    job.in_progress_polls = 0  # attach() and logs() see the job as moto has it: done
     job.start("e2e-2")
+    job.write_step(1)
     estimator(session, code).fit({"train": "s3://data-bucket/train"}, job_name="e2e-2", wait=False)
     again = shoal.attach("e2e-2", sagemaker_session=session)
     assert type(again) is shoal.PyTorch
@@ -203,3 +205,6 @@ def test_attach_to_the_job_fit_started(world):
     assert again.source_dir == f"s3://{BUCKET}/e2e-2/source/sourcedir.tar.gz"
     assert again.inputs["train"].s3_data == "s3://data-bucket/train"
     assert again.latest_training_job.describe()["TrainingJobName"] == "e2e-2"
+    again.logs()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == ["[algo-2] h2 step 1", "[algo-1] h1 step 1"]

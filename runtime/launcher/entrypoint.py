@@ -322,10 +322,16 @@ def _configure_logging(environ: Mapping[str, str]) -> None:
     )
 
 
+def _stopped_before_start(signum, frame):
+    # Until a job process runs (its supervisor takes SIGTERM over), stopping is a failure
+    # that every host reports.
+    raise LaunchError(f"the launcher received {signal.Signals(signum).name} before the job ran")
+
+
 def main(argv: list[str] | None = None) -> None:
     _configure_logging(os.environ)
     become_subreaper()
-    signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
+    signal.signal(signal.SIGTERM, _stopped_before_start)
     if not shutil.which("mpirun"):
         log.debug("mpirun not on PATH; only non-MPI runners can work")
     sys.exit(train(JobPaths.from_environ(os.environ), os.environ))

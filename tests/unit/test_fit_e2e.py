@@ -208,3 +208,19 @@ def test_attach_to_the_job_fit_started(world, capsys):
     again.logs()
     printed = capsys.readouterr().out.splitlines()
     assert printed[-2:] == ["[algo-2] h2 step 1", "[algo-1] h1 step 1"]
+
+
+def test_code_already_in_s3_is_not_uploaded_again(world):
+    session, job, lines, code = world
+    job.in_progress_polls = 0
+    previous = f"s3://{BUCKET}/e2e-old/source/sourcedir.tar.gz"
+    puts = []
+    session.s3_client.meta.events.register(
+        "provide-client-params.s3.PutObject", lambda params, **_: puts.append(params)
+    )
+    est = estimator(session, code)
+    est.source_dir = previous
+    est.fit(job_name="e2e-reuse", wait=False)
+    assert puts == []
+    hps = session.sagemaker_client.describe_training_job(TrainingJobName="e2e-reuse")["HyperParameters"]
+    assert hps["sagemaker_submit_directory"] == f'"{previous}"'

@@ -76,3 +76,28 @@ def test_single_host_script_failure_writes_the_failure_file(tmp_path):
     assert run_job(str(root), ["algo-1"], timeout=120) == 1
     text = (root / "algo-1" / "output" / "failure").read_text()
     assert text.startswith("Training process exited with code 1. no data found")
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_parameter_server_hosts_run_a_server_and_a_worker(tmp_path):
+    pytest.importorskip("tensorflow")
+    hosts = ["algo-1", "algo-2"]
+    script = ("import json, os, socket, time\n"
+              "c = json.loads(os.environ['TF_CONFIG'])\n"
+              "me = c['cluster']['ps'][c['cluster']['ps'].index("
+              "os.environ['SHOAL_HOST'] + ':2223')]\n"
+              "deadline = time.time() + 120\n"
+              "while True:\n"
+              "    try:\n"
+              "        socket.create_connection(('127.0.0.1', 2223), timeout=1).close(); break\n"
+              "    except OSError:\n"
+              "        assert time.time() < deadline; time.sleep(0.5)\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], 'tf_config.json'), 'w')"
+              ".write(json.dumps(c))\n")  # fmt: skip
+    root = make_job(tmp_path / "job", hosts, script,
+                    {"sagemaker_parameter_server_enabled": "true"})
+    assert run_job(str(root), hosts, timeout=300) == 0
+    tasks = [json.loads((root / h / "model" / "tf_config.json").read_text())["task"]
+             for h in hosts]  # fmt: skip
+    assert tasks == [{"index": 0, "type": "master"}, {"index": 0, "type": "worker"}]

@@ -56,17 +56,17 @@ def detect_builder() -> str:
 
 
 def build_command(builder: str, context_dir: Path, tag: str, *,
-                  buildah: Buildah | None = None, target: str = "final") -> list[str]:
-    """The argv that builds ``context_dir``'s Dockerfile into ``tag``."""
+                  buildah: Buildah | None = None, target: str | None = "final") -> list[str]:
+    """The argv that builds ``context_dir``'s Dockerfile (up to stage ``target``) into ``tag``."""
     ctx = str(context_dir)
     dockerfile = str(Path(context_dir) / "Dockerfile")
+    stage = ["--target", target] if target else []
     if builder == "docker":
-        return ["docker", "build", "--target", target,
-                "--file", dockerfile, "--tag", tag, ctx]
+        return ["docker", "build", *stage, "--file", dockerfile, "--tag", tag, ctx]
     if builder == "buildah":
         settings = buildah or Buildah()
         return [*settings.global_args(), "bud", "--isolation", settings.isolation,
-                "--layers", "--pull=false", "--target", target, "--file", dockerfile, "--tag", tag, ctx]
+                "--layers", "--pull=false", *stage, "--file", dockerfile, "--tag", tag, ctx]
     raise BuildError(f"'builder' must be in {BUILDERS!r} (got {builder!r})")
 
 
@@ -90,6 +90,6 @@ def build_image(options: render.BuildOptions, *, source_root: Path | None = None
     source_root = source_root or context.default_source_root()
     with tempfile.TemporaryDirectory(prefix="shoal-image-") as scratch:
         ctx = context.write_context(keep_context or Path(scratch) / "context",
-                                    dockerfile, source_root)
+                                    dockerfile, source_root, options.ca_certificates)
         run(build_command(builder, ctx, tag, buildah=buildah))
     return tag

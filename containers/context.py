@@ -62,8 +62,10 @@ def source_files(source_root: Path) -> list[Path]:
     return sorted(found)
 
 
-def write_context(dest: Path, dockerfile: str, source_root: Path) -> Path:
-    """Write the context into ``dest`` (created, must be empty) and return it."""
+def write_context(dest: Path, dockerfile: str, source_root: Path,
+                  ca_certificates: tuple[Path, ...] = ()) -> Path:
+    """Write the context into ``dest`` (created, must be empty) and return it; extra CA
+    certificates go to ``certs/`` under their own names."""
     dest = Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise BuildError(f"build context directory {dest} is not empty")
@@ -73,6 +75,10 @@ def write_context(dest: Path, dockerfile: str, source_root: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "Dockerfile").write_text(dockerfile)
     (dest / ".dockerignore").write_text(DOCKERIGNORE)
+    if ca_certificates:
+        (dest / "certs").mkdir()
+    for cert in ca_certificates:
+        shutil.copyfile(cert, dest / "certs" / Path(cert).name)
     for rel in files:
         target = dest / "src" / rel
         target.parent.mkdir(parents=True, exist_ok=True)

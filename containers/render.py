@@ -45,6 +45,15 @@ class BuildOptions:
         attrs.validators.matches_re(r"3(\.\d{1,2})?")))
     install_framework: bool = True
     shoal_version: str = attrs.field(factory=_shoal_version)
+    # Extra CA certificates (PEM, *.crt) the build trusts, e.g. a TLS-inspecting proxy's.
+    ca_certificates: tuple[Path, ...] = attrs.field(
+        default=(), converter=lambda paths: tuple(Path(p) for p in paths))
+
+    @ca_certificates.validator
+    def _check_certificates(self, attribute, value):
+        for path in value:
+            if path.suffix != ".crt":
+                raise ValueError(f"'{attribute.name}' must be *.crt files (got {str(path)!r})")
 
     @property
     def spec(self) -> matrix.ImageSpec:
@@ -143,6 +152,7 @@ def template_context(options: BuildOptions) -> dict:
         "mca_params": (f"{MPI_PREFIX}/etc/openmpi-mca-params.conf" if gpu
                        else "/etc/openmpi/openmpi-mca-params.conf"),
         "ssh_port": SSH_PORT,
+        "ca_certificates": [path.name for path in options.ca_certificates],
         "runtime_extras": RUNTIME_EXTRAS,
         "build_src": "/opt/shoal/src",
         "wheels": "/opt/shoal/wheels",

@@ -139,3 +139,18 @@ def test_env_lists_versions_and_no_secrets(root, capsys, monkeypatch):
     assert {"shoal", "python", "torch", "tensorflow", "open_mpi", "boto3", "platform"} <= set(report)
     assert report["open_mpi"].startswith("mpirun (Open MPI)")
     assert "verysecretvalue123" not in out and "testing" not in out
+
+
+def test_dry_run_request_is_redacted(root, tmp_path):
+    import shoal
+    from shoal.config import JobSpec
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    estimator = shoal.PyTorch(
+        entry_point=str(tmp_path / "train.py"), role="arn:aws:iam::111122223333:role/R",
+        instance_type="local", instance_count=1, framework_version="1.13.1", py_version="py39",
+        environment={"DB_PASSWORD": "hunter2hunter2"}, allow_secrets=True)
+    request = cli.dry_run_request(estimator, JobSpec(job_name="redacted-job"))
+    assert request["TrainingJobName"] == "redacted-job"
+    assert "hunter2hunter2" not in json.dumps(request)
+    assert request["Environment"]["DB_PASSWORD"] == "***"

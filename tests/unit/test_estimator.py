@@ -235,3 +235,18 @@ def test_a_role_that_is_not_an_arn_after_expansion_is_refused(aws, monkeypatch):
     monkeypatch.setattr(est.sagemaker_session, "expand_role", lambda role: "TrainRole")
     with pytest.raises(ValidationError, match="'role' must match regex"):
         est.build_request(job_name="j")
+
+
+def test_fit_submits_through_the_sagemaker_backend(monkeypatch, tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    with mock_aws():
+        est = pytorch()
+        est.fit({"train": "s3://data/train"}, wait=False, job_name="moto-job")
+        described = est.sagemaker_session.sagemaker_client.describe_training_job(
+            TrainingJobName="moto-job")
+        assert est.latest_training_job.name == "moto-job"
+        assert described["HyperParameters"]["sagemaker_program"] == '"train.py"'
+        assert described["AlgorithmSpecification"]["TrainingImage"] == \
+            "123456789012.dkr.ecr.us-west-2.amazonaws.com/shoal-pytorch-training:1.13.1-cpu-py39"

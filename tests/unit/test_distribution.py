@@ -130,6 +130,20 @@ PARITY = {
         {**PT, "framework_version": "2.2.0", "py_version": "py310",
          "instance_type": "ml.p5.48xlarge"},
     ),  # fmt: skip
+    "torch-distributed-with-smddp": ({"torch_distributed": {"enabled": True},
+                                     "smdistributed": {"dataparallel": {"enabled": True}}}, PT),
+    "smddp-with-mpi": ({"smdistributed": {"dataparallel": {"enabled": True}},
+                       "mpi": {"enabled": True, "custom_mpi_options": "-v"}}, PT),
+    "smp-v1-custom-image": (
+        {"smdistributed": {"modelparallel": {"enabled": True, "parameters": SMP_V1}},
+         "mpi": MPI8},
+        {**PT, "framework_version": None, "py_version": None, "image_uri": CUSTOM_IMAGE},
+    ),
+    "groups-p5-torch-distributed": (
+        {"torch_distributed": {"enabled": True}, "instance_groups": ["train"]},
+        {**PT, "framework_version": "2.2.0", "py_version": "py310", "instance_type": None,
+         "instance_groups": "p5"},
+    ),
     "torch-distributed-trainium": ({"torch_distributed": {"enabled": True}},
                                    {**PT, "instance_type": "ml.trn1.32xlarge"}),
     "torch-distributed-custom-image": (
@@ -168,6 +182,9 @@ def _with_groups(kwargs):
     made = groups()
     if kwargs.get("instance_groups") == "two":
         kwargs["instance_groups"] = made
+    elif kwargs.get("instance_groups") == "p5":
+        made = [InstanceGroup("train", "ml.p5.48xlarge", 2), InstanceGroup("data", "ml.c5.xlarge", 1)]
+        kwargs["instance_groups"] = made
     elif kwargs.get("instance_groups") == "one":
         kwargs["instance_groups"] = made[:1]
     return kwargs, made
@@ -177,12 +194,19 @@ def _with_groups(kwargs):
 def test_hyperparameters_match_v2(name):
     distribution, kwargs = PARITY[name]
     kwargs, made = _with_groups(kwargs)
-    theirs_dist = copy.deepcopy(distribution)
-    if theirs_dist.get("instance_groups"):  # v2 takes the InstanceGroup objects themselves
-        theirs_dist["instance_groups"] = [g for g in made if g.instance_group_name == "train"]
-    theirs = v2_hyperparameters(theirs_dist, **_v2_kwargs(kwargs))
+    theirs = v2_hyperparameters(_v2_distribution(distribution, made), **_v2_kwargs(kwargs))
     ours = encoded(shoal(distribution, **kwargs))
     assert ours == theirs
+
+
+def _v2_distribution(distribution, made):
+    theirs = copy.deepcopy(distribution)
+    if isinstance(theirs.get("instance_groups"), list):  # v2 takes the InstanceGroup objects
+        theirs["instance_groups"] = [
+            next((g for g in made if g.instance_group_name == name), name)
+            for name in theirs["instance_groups"]
+        ]
+    return theirs
 
 
 def _v2_kwargs(kwargs):
@@ -276,6 +300,14 @@ REJECTED_BY_BOTH = {
         {"smdistributed": {"dataparallel": {"enabled": True}}},
         {**PT, "image_uri": "763104351884.dkr.ecr.us-west-2.amazonaws.com/"
                             "pytorch-training:2.0.1-gpu-py310-cu121-ubuntu20.04-sagemaker"}),
+    # v2 asks for mpi or smddp with instance groups once smdistributed is present.
+    "groups-torch-distributed-smp": (
+        {"torch_distributed": {"enabled": True}, "instance_groups": ["train"],
+         "smdistributed": {"modelparallel": {"enabled": True,
+                                             "parameters": {"tensor_parallel_degree": 8}}}},
+        {**PT, "framework_version": "2.2.0", "py_version": "py310", "instance_type": None,
+         "instance_groups": "p5"},
+    ),
     "pytorchxla-without-compiler": ({"pytorchxla": {"enabled": True}}, PT),
 }  # fmt: skip
 
@@ -284,9 +316,8 @@ REJECTED_BY_BOTH = {
 def test_rejected_like_v2(name):
     distribution, kwargs = REJECTED_BY_BOTH[name]
     kwargs, made = _with_groups(kwargs)
-    theirs_dist = copy.deepcopy(distribution)
     with pytest.raises(ValueError):
-        v2_hyperparameters(theirs_dist, **_v2_kwargs(kwargs))
+        v2_hyperparameters(_v2_distribution(distribution, made), **_v2_kwargs(kwargs))
     with pytest.raises(DistributionError):
         shoal(distribution, **kwargs)
 

@@ -330,6 +330,8 @@ class Framework(EstimatorBase):
             limits.fail("entry_point", "is required", entry_point)
         image_uri = pop_renamed(kwargs, "image_name", "image_uri", image_uri)
         distribution = pop_renamed(kwargs, "distributions", "distribution", distribution)
+        if image_uri is None:  # no image for this version: say so before any AWS call
+            image_uris.find_spec(self._framework_name, framework_version, py_version)
         self.image_uri = image_uri
         self.framework_version = framework_version
         self.py_version = py_version

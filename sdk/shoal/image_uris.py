@@ -26,7 +26,8 @@ def supported_versions(framework: str) -> list[str]:
     return [f"{s.framework_version} ({s.py_version})" for s in matrix.specs(framework)]
 
 
-def _spec(framework: str, framework_version: str | None, py_version: str | None):
+def find_spec(framework: str, framework_version: str | None, py_version: str | None):
+    """The matrix entry for a framework version, or ``ImageError`` listing the supported ones."""
     spec = matrix.find(framework, framework_version, py_version) if framework_version else None
     if spec is None:
         wanted = f"{framework} {framework_version}" + (f" {py_version}" if py_version else "")
@@ -39,14 +40,14 @@ def _spec(framework: str, framework_version: str | None, py_version: str | None)
 def local_image_name(framework: str, framework_version: str | None, py_version: str | None,
                      instance_type: str | None) -> str:
     """The image as a local build tags it (no registry): local mode needs no AWS account."""
-    spec = _spec(framework, framework_version, py_version)
+    spec = find_spec(framework, framework_version, py_version)
     return f"{spec.repository()}:{spec.tag(processor_for(instance_type))}"
 
 
 def shoal_image_uri(framework: str, framework_version: str | None, py_version: str | None,
                     instance_type: str | None, account: str, region: str) -> str:
     """Shoal's training image for a framework version; ``ImageError`` lists the supported ones."""
-    spec = _spec(framework, framework_version, py_version)
+    spec = find_spec(framework, framework_version, py_version)
     return matrix.image_uri(spec, processor_for(instance_type), account, region)
 
 

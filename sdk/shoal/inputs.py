@@ -198,7 +198,7 @@ def input_config(inputs, model_uri: str | None = None,
         return None
     if len(parsed) > limits.CHANNELS_MAX:
         limits.fail("inputs", f"must have at most {limits.CHANNELS_MAX} channels",
-                    f"{len(parsed)} channels", InputError)
+                    limits.Count(len(parsed)), InputError)
     return [channel(name, value) for name, value in parsed.items()]
 
 

@@ -125,6 +125,13 @@ LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
 Validator = Callable[[object, object, object], None]
 
 
+class Count(int):
+    """A number of entries, shown as ``51 entries`` in messages."""
+
+    def __repr__(self) -> str:
+        return f"{int(self)} entries"
+
+
 def fail(name: str, message: str, value, error: type[ValidationError] = ValidationError):
     """Raise ``error`` with an attrs-style message: ``'name' must ... (got value)``."""
     raise error(f"'{name}' {message} (got {value!r})")
@@ -185,7 +192,7 @@ def items(max_items: int | None = None, each: Validator | None = None, min_items
         if len(value) < min_items:
             fail(name, f"must have at least {min_items} entries", value, error)
         if max_items is not None and len(value) > max_items:
-            fail(name, f"must have at most {max_items} entries", f"{len(value)} entries", error)
+            fail(name, f"must have at most {max_items} entries", Count(len(value)), error)
         if each is not None:
             for index, entry in enumerate(value):
                 each(instance, f"{name}[{index}]", entry)

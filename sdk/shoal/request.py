@@ -56,7 +56,7 @@ def _environment(_, attribute, env):
         fail("environment", "must be a dict", env)
     if len(env) > limits.ENVIRONMENT_MAX:
         fail("environment", f"must have at most {limits.ENVIRONMENT_MAX} entries",
-             f"{len(env)} entries")
+             limits.Count(len(env)))
     for key, value in env.items():
         text(limits.ENVIRONMENT_KEY_PATTERN, limits.ENVIRONMENT_KEY_MAX)(_, "environment key", key)
         text(max_len=limits.ENVIRONMENT_VALUE_MAX)(_, f"environment[{key!r}]", value)
@@ -238,7 +238,7 @@ CONFIG_RULES = (_instances_rule, _vpc_rule, _spot_rule, _checkpoint_rule, _local
 def _hyperparameters(_, attribute, hps):
     if len(hps) > limits.HYPERPARAMETERS_MAX:
         fail("hyperparameters", f"must have at most {limits.HYPERPARAMETERS_MAX} entries "
-             "(the distribution's and Shoal's own included)", f"{len(hps)} entries")
+             "(the distribution's and Shoal's own included)", limits.Count(len(hps)))
     for key, value in hps.items():
         text(max_len=limits.HYPERPARAMETER_KEY_MAX)(_, "hyperparameter name", key)
         text(max_len=limits.HYPERPARAMETER_VALUE_MAX)(_, f"hyperparameters[{key!r}]", value)

@@ -146,7 +146,7 @@ def test_framework_entry_point_rules(aws):
 def test_unsupported_framework_version_lists_supported_ones(aws):
     with pytest.raises(ImageError, match=r"no Shoal image for pytorch 2\.1 py310; supported: "
                                          r"1\.12\.1 \(py38\), 1\.13\.1 \(py39\)"):
-        pytorch(framework_version="2.1", py_version="py310").build_request(job_name="j")
+        pytorch(framework_version="2.1", py_version="py310")
 
 
 def test_role_name_is_expanded_through_iam(aws):

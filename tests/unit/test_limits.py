@@ -35,7 +35,7 @@ def test_shape_walks_lists_and_maps():
     (limits.text(max_len=3), "abcd", "'x' must be at most 3 characters (got 'abcd')"),
     (limits.text(limits.JOB_NAME_PATTERN), "a_b", "'x' must match regex"),
     (limits.one_of(("a", "b")), "c", "'x' must be in ('a', 'b') (got 'c')"),
-    (limits.items(2), [1, 2, 3], "'x' must have at most 2 entries (got '3 entries')"),
+    (limits.items(2), [1, 2, 3], "'x' must have at most 2 entries (got 3 entries)"),
     (limits.items(each=limits.between(0)), [1, -1], "'x[1]' must be >= 0 (got -1)"),
     (limits.s3_uri(), "https://h/x", "'x' must be an S3 URI"),
     (limits.boolean, "no", "'x' must be a bool (got 'no')"),

@@ -302,7 +302,7 @@ def _stopping_condition(c: TrainingConfig) -> dict:
 
 def debug_hook_config(c: TrainingConfig, r: Resolved) -> dict | None:
     """v2's DebugHookConfig: on by default where offered, writing to the output path."""
-    hook = c.debugger_hook_config
+    hook = {} if c.debugger_hook_config is True else c.debugger_hook_config
     if r.region in DEBUGGER_UNSUPPORTED_REGIONS:
         if hook:
             fail("debugger_hook_config", f"cannot be set: SageMaker Debugger is not offered "

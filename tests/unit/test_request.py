@@ -233,6 +233,14 @@ def test_debugger_hook_dict_keeps_user_values_and_unsupported_region_refuses_it(
         build_request(config(debugger_hook_config=hook), resolved(region="eu-central-2"), None)
 
 
+def test_debugger_true_is_the_default_hook_and_fine_where_debugger_is_absent():
+    assert build_request(config(debugger_hook_config=True), resolved(), None)[
+        "DebugHookConfig"] == {"S3OutputPath": "s3://bucket/", "CollectionConfigurations": []}
+    request = build_request(config(debugger_hook_config=True), resolved(region="eu-south-2"), None)
+    assert "DebugHookConfig" not in request
+    assert request["ProfilerConfig"] == {"DisableProfiler": True}
+
+
 def test_trainium_disables_the_profiler():
     request = build_request(config(instance_type="ml.trn1.32xlarge"), resolved(), None)
     assert request["ProfilerConfig"] == {"DisableProfiler": True}

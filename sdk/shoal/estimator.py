@@ -18,7 +18,7 @@ import warnings
 
 import attrs
 
-from shoal import image_uris, limits, naming
+from shoal import image_uris, limits, naming, secrets
 from shoal import request as request_
 from shoal.backends import backend_for
 from shoal.errors import ValidationError
@@ -108,6 +108,9 @@ class EstimatorBase:
         session = params.pop("sagemaker_session")
         object.__setattr__(self, "_hyperparameters", dict(params.pop("hyperparameters") or {}))
         object.__setattr__(self, "config", TrainingConfig(**params))
+        # refuse secrets now, before any call; build_request checks the final values again
+        secrets.check_no_secrets(self._hyperparameters, "hyperparameters", allow_secrets)
+        secrets.check_no_secrets(self.config.environment, "environment", allow_secrets)
         self.sagemaker_session = session or Session(local_mode=self.config.local_mode)
         self.latest_training_job = None
         self._current_job_name = None

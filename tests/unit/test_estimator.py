@@ -250,3 +250,23 @@ def test_fit_submits_through_the_sagemaker_backend(monkeypatch, tmp_path):
         assert described["HyperParameters"]["sagemaker_program"] == '"train.py"'
         assert described["AlgorithmSpecification"]["TrainingImage"] == \
             "123456789012.dkr.ecr.us-west-2.amazonaws.com/shoal-pytorch-training:1.13.1-cpu-py39"
+
+
+def test_secrets_are_refused_at_construction_and_after_set_hyperparameters(aws):
+    from shoal.errors import SecretValueError
+
+    with pytest.raises(SecretValueError, match=r"hyperparameters\['api_key'\]"):
+        pytorch(hyperparameters={"api_key": "sk-live-123"})
+    with pytest.raises(SecretValueError, match=r"environment\['GITHUB_TOKEN'\]"):
+        pytorch(environment={"GITHUB_TOKEN": "ghp_" + "x1" * 18})
+    est = pytorch()
+    est.set_hyperparameters(password="hunter2")
+    with pytest.raises(SecretValueError, match=r"hyperparameters\['password'\]"):
+        est.build_request(job_name="j")
+    assert pytorch(hyperparameters={"api_key": "sk"}, allow_secrets=True).build_request(
+        job_name="j")["HyperParameters"]["api_key"] == '"sk"'
+
+
+def test_image_uri_length_is_checked(aws):
+    with pytest.raises(ValidationError, match="'image_uri' must be at most 255 characters"):
+        shoal.Estimator("i" * 256, ROLE, 1, "ml.m5.xlarge", sagemaker_session=session())

@@ -37,7 +37,7 @@ def header_files(include_dir: Path) -> list[Path]:
 
 
 def source_digest(files: Iterable[Path], flags: Iterable[str] = CFLAGS) -> str:
-    """A digest of the files' names and contents and the compile flags: a new digest
+    """A digest of the files' names and contents and the build flags: a new digest
     means a new build directory, so a stale build is never loaded. The core library itself
     is left out: it is bound at run time by rpath, and its ABI is its headers."""
     digest = hashlib.sha256()
@@ -93,8 +93,9 @@ def _build_and_load(verbose: bool):
     from torch.utils import cpp_extension
 
     include_dir = Path(core.include_dir())
+    ldflags = list(core.link_flags())
     sources = source_files()
-    digest = source_digest([*sources, *header_files(include_dir)])
+    digest = source_digest([*sources, *header_files(include_dir)], flags=(*CFLAGS, *ldflags))
     directory = build_directory(cache_root(), torch.__version__, digest)
     with exclusive_lock(directory):
         return cpp_extension.load(
@@ -102,7 +103,7 @@ def _build_and_load(verbose: bool):
             sources=[str(path) for path in sources],
             extra_cflags=list(CFLAGS),
             extra_include_paths=[str(include_dir)],
-            extra_ldflags=list(core.link_flags()),
+            extra_ldflags=ldflags,
             build_directory=str(directory),
             verbose=verbose,
         )

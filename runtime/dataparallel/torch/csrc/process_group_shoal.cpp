@@ -9,10 +9,17 @@
 //
 // Completion: the core's handles only offer test()/wait(), while futures must
 // complete on their own (DDP waits on the future, not on the Work). One
-// completer thread per process therefore waits on the core's handles in issue
+// completer thread per process therefore follows the core's handles in issue
 // order (the core executes in issue order too), runs the post-processing that
 // copies results back into non-contiguous or gathered outputs, and completes
 // each future with the output tensors, or with the core's error.
+//
+// Fusion cuts: the core packs queued allreduces into fusion buffers and cuts a
+// buffer at flush() or at a wait() on a pending handle. Every rank must cut at
+// the same place, so cuts may only come from the issuing thread, in program
+// order: each operation here ends with flush() (an allreduce_coalesced is one
+// fused group), and the completer polls test(), which never cuts, instead of
+// calling wait() on a pending handle.
 
 #include <shoal/core.h>
 
@@ -23,6 +30,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -160,13 +169,29 @@ class Completer {
         queue_.pop_front();
       }
       try {
-        for (auto& handle : pending.handles) handle->wait();
+        for (auto& handle : pending.handles) await(handle);
         if (pending.finish) pending.finish();
         pending.work->complete();
       } catch (...) {
         pending.work->fail(std::current_exception());
       }
     }
+  }
+
+  // Waits for a handle without cutting the open fusion buffer (see above):
+  // spin briefly, then sleep with a backoff up to 1 ms, yielding the core to
+  // ranks that share it.
+  static void await(const shoal::WorkPtr& handle) {
+    auto pause = std::chrono::microseconds(20);
+    for (int spins = 0; !handle->test(); ++spins) {
+      if (spins < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    handle->wait();  // already done: returns, or rethrows the operation's error
   }
 
   std::mutex mutex_;
@@ -347,6 +372,7 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> submit(Pending pending) {
+    shoal::flush();  // this operation's fusion group ends here, on every rank alike
     auto work = pending.work;
     Completer::instance().submit(std::move(pending));
     return work;

@@ -4,6 +4,9 @@
 // collective runs or is waited for.
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
+#include "kernels.h"
 #include "shoal/core.h"
 
 namespace py = pybind11;
@@ -138,4 +141,20 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("barrier", &shoal::barrier, py::call_guard<py::gil_scoped_release>());
   m.def("flush", &shoal::flush);
+  // The reduction kernel on local buffers, for testing its arithmetic.
+  m.def("_reduce_local", [](py::buffer out, py::list sources, int dtype, int op, int divisor) {
+    auto d = static_cast<shoal::DType>(dtype);
+    Span o = writable(out, "output");
+    std::vector<const void*> srcs;
+    std::vector<py::buffer_info> keep;
+    for (py::handle h : sources) {
+      keep.push_back(py::reinterpret_borrow<py::buffer>(h).request());
+      if ((std::size_t)(keep.back().size * keep.back().itemsize) != o.bytes)
+        throw shoal::Error(shoal::Error::Kind::Usage, "sources must match the output size");
+      srcs.push_back(keep.back().ptr);
+    }
+    if (srcs.empty()) throw shoal::Error(shoal::Error::Kind::Usage, "no sources");
+    shoal::reduce_into(d, static_cast<shoal::ReduceOp>(op), o.ptr, srcs.data(), (int)srcs.size(),
+                       count_of(o, d), divisor);
+  });
 }

@@ -75,7 +75,7 @@ Config Config::from_env() {
   c.interface = env_or({"SHOAL_NETWORK_INTERFACE"}, "");
   c.timeout_ms = (int)env_int("SHOAL_COLLECTIVE_TIMEOUT", 300, 1, 86400) * 1000;
   c.fusion_bytes = (std::size_t)env_int("SHOAL_FUSION_THRESHOLD_BYTES", 25ll << 20, 0, 1ll << 40);
-  c.chunk_bytes = (std::size_t)env_int("SHOAL_SHM_CHUNK_BYTES", 4ll << 20, 4096, 1ll << 30);
+  c.chunk_bytes = (std::size_t)env_int("SHOAL_SHM_CHUNK_BYTES", 256ll << 10, 4096, 1ll << 30);
   c.chunk_bytes &= ~std::size_t(63);
   c.small_bytes = (std::size_t)env_int("SHOAL_SMALL_BYTES", 64ll << 10, 0, 1ll << 30);
   return c;

@@ -20,7 +20,7 @@ struct Config {
   std::string interface;    // SHOAL_NETWORK_INTERFACE
   int timeout_ms = 300000;  // SHOAL_COLLECTIVE_TIMEOUT (seconds)
   std::size_t fusion_bytes = 25u << 20;  // SHOAL_FUSION_THRESHOLD_BYTES
-  std::size_t chunk_bytes = 4u << 20;    // SHOAL_SHM_CHUNK_BYTES: one slot of the segment
+  std::size_t chunk_bytes = 256u << 10;  // SHOAL_SHM_CHUNK_BYTES: one slot (cache-sized)
   std::size_t small_bytes = 64u << 10;   // below: one handshake, no reduce-scatter
 
   static Config from_env();

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -90,6 +91,7 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
   const unsigned cores = std::thread::hardware_concurrency();
   // Spinning only pays when every local rank has a core of its own.
   spin_ = (cores == 0 || (unsigned)local_size <= cores) ? 20000 : 50;
+  if (const char* v = std::getenv("SHOAL_SPIN")) spin_ = std::atoi(v);
   const std::size_t ctl_bytes = (sizeof(Control) + 4095) & ~std::size_t(4095);
   map_bytes_ = ctl_bytes + 2 * (std::size_t)local_size * slot_bytes_;
   int fd;

@@ -1,0 +1,252 @@
+"""Collective core under the real mpirun: every dtype, op and size, checked bit
+for bit against a numpy model of the core's fixed reduction order, on 1-4 ranks
+of one host and on 2 simulated hosts x 2 ranks.
+
+Each configuration is one mpirun job running all cases (this file is also the
+worker: ``python test_collectives.py worker``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+MPIRUN = shutil.which("mpirun")
+HERE = os.path.abspath(__file__)
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64"]
+OPS = ["sum", "average", "min", "max", "product"]
+SIZES = [1, 2, 3, 17, 1000, 4097, 65537, 300001]
+BIG = 50_000_000
+
+
+# ---------------------------------------------------------------- numpy model
+def storage_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def accumulator(name):
+    return {"float16": np.float32, "bfloat16": np.float32}.get(name, storage_dtype(name).type)
+
+
+def fold(arrays, op, acc_t):
+    acc = arrays[0].astype(acc_t)
+    for a in arrays[1:]:
+        v = a.astype(acc_t)
+        if op in ("sum", "average"):
+            acc = acc + v
+        elif op == "min":
+            acc = np.where(v < acc, v, acc)
+        elif op == "max":
+            acc = np.where(v > acc, v, acc)
+        else:
+            acc = acc * v
+    return acc
+
+
+def expected(inputs, dtype, op, hosts):
+    """The core's result: local-rank order inside a host, host order across."""
+    acc_t, store = accumulator(dtype), storage_dtype(dtype)
+    with np.errstate(over="ignore"):
+        if len(hosts) == 1:
+            acc = fold(inputs, op, acc_t)
+        else:
+            partials = [fold([inputs[r] for r in ranks], op, acc_t).astype(store) for ranks in hosts]
+            acc = fold(partials, op, acc_t)
+        if op == "average":
+            n = len(inputs)
+            if np.issubdtype(acc.dtype, np.integer):
+                acc = np.where(acc < 0, -((-acc) // n), acc // n)  # C++ truncation
+            else:
+                acc = acc / acc.dtype.type(n)
+        return acc.astype(store)
+
+
+def make_input(rng, dtype, op, n):
+    if dtype.startswith("int"):
+        low, high = (-3, 4) if op == "product" else (-1000, 1000)
+        return rng.integers(low, high, n).astype(dtype)
+    values = rng.standard_normal(n).astype(np.float32)
+    if op == "product":
+        values = 1.0 + 0.1 * values  # keeps products of a few ranks finite
+    return values.astype(storage_dtype(dtype))
+
+
+# ---------------------------------------------------------------- the worker
+def host_groups(size):
+    hosts = {}
+    for r in range(size):
+        hosts.setdefault(os.environ.get(f"EXPECTED_HOST_{r}", "h"), []).append(r)
+    return list(hosts.values())
+
+
+def digest_all(core, array):
+    """Every rank's digest of its result: identical bits on all ranks."""
+    d = np.frombuffer(hashlib.sha256(array.tobytes()).digest(), dtype=np.uint8).copy()
+    return core.allgather(d)
+
+
+def worker() -> None:
+    from shoal.dataparallel import core
+
+    comm = core.init()
+    assert core.init() is not None  # idempotent
+    rank, size = comm.rank, comm.size
+    hosts = host_groups(size)
+    assert comm.num_hosts == len(hosts), (comm, hosts)
+    assert comm.local_size == len(hosts[comm.host_index])
+    assert hosts[comm.host_index][comm.local_rank] == rank
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for n in SIZES:
+                seed = (DTYPES.index(dtype), OPS.index(op), n)
+                inputs = [make_input(np.random.default_rng((*seed, r)), dtype, op, n) for r in range(size)]
+                mine = inputs[rank].copy()
+                core.allreduce(mine, op=op)
+                want = expected(inputs, dtype, op, hosts)
+                assert mine.tobytes() == want.tobytes(), f"{dtype} {op} n={n}: {mine[:4]} != {want[:4]}"
+                cases += 1
+            digests = digest_all(core, mine)
+            assert (digests == digests[0]).all(), f"{dtype} {op}: ranks differ"
+    cases += check_async_and_fusion(core, rank, size, hosts)
+    cases += check_other_collectives(core, rank, size)
+    if os.environ.get("CHECK_BIG") == "1":
+        cases += check_big(core, rank, size)
+    core.barrier()
+    core.shutdown()
+    print(f"rank {rank}: {cases} cases ok", flush=True)
+
+
+def check_async_and_fusion(core, rank, size, hosts) -> int:
+    specs = [("float32", "sum", 5), ("float32", "sum", 100000), ("float32", "sum", 7),
+             ("float64", "max", 33), ("float32", "sum", 1), ("int64", "sum", 999),
+             ("float16", "average", 4001), ("float16", "average", 12)] * 3
+    arrays, wants, handles = [], [], []
+    for i, (dtype, op, n) in enumerate(specs):
+        inputs = [make_input(np.random.default_rng((99, i, r)), dtype, op, n) for r in range(size)]
+        arrays.append(inputs[rank].copy())
+        wants.append(expected(inputs, dtype, op, hosts))
+        handles.append(core.allreduce_async(arrays[-1], op=op))
+    # Waiting out of order still completes everything (the wait flushes).
+    for h in reversed(handles):
+        h.wait()
+    for a, w, (dtype, op, n) in zip(arrays, wants, specs):
+        assert a.tobytes() == w.tobytes(), f"async {dtype} {op} n={n}"
+    return len(specs)
+
+
+def check_other_collectives(core, rank, size) -> int:
+    cases = 0
+    for root in range(size):
+        data = np.random.default_rng((7, root)).standard_normal(1001).astype(np.float64)
+        mine = data.copy() if rank == root else np.full(1001, -1.0)
+        core.broadcast(mine, root=root)
+        assert mine.tobytes() == data.tobytes()
+        cases += 1
+    for n in (1, 3, 70001):
+        mine = np.arange(n, dtype=np.int32) * (rank + 1)
+        gathered = core.allgather(mine)
+        assert gathered.shape == (size, n)
+        for r in range(size):
+            assert (gathered[r] == np.arange(n, dtype=np.int32) * (r + 1)).all()
+        cases += 1
+    for root in range(size):
+        inputs = [np.arange(513, dtype=np.int64) + r for r in range(size)]
+        mine = inputs[rank].copy()
+        core.reduce(mine, op="sum", root=root)
+        want = sum(inputs) if rank == root else inputs[rank]
+        assert (mine == want).all()
+        cases += 1
+    for _ in range(20):
+        core.barrier()
+    return cases + 1
+
+
+def check_big(core, rank, size) -> int:
+    """50 M elements (multi-chunk), small integers in float32: exact sums."""
+    mine = ((np.arange(BIG, dtype=np.int64) * (rank + 3)) % 1001).astype(np.float32)
+    core.allreduce(mine)
+    idx = np.arange(BIG, dtype=np.int64)
+    want = np.zeros(BIG, dtype=np.int64)
+    for r in range(size):
+        want += (idx * (r + 3)) % 1001
+    assert np.array_equal(mine, want.astype(np.float32)), "50M allreduce"
+    digests = digest_all(core, mine)
+    assert (digests == digests[0]).all()
+    return 1
+
+
+# ---------------------------------------------------------------- the tests
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300):
+    env = dict(os.environ)
+    env.update({"SHOAL_JOB_ID": uuid.uuid4().hex[:12], "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "SHOAL_COLLECTIVE_TIMEOUT": "60"})
+    env.update(extra_env or {})
+    names = ["SHOAL_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "SHOAL_COLLECTIVE_TIMEOUT", *(extra_env or {})]
+    argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
+    for n in names:
+        argv += ["-x", n]
+    if per_rank_host:
+        # Simulated hosts: SHOAL_HOST per rank, as the launcher's per-rank wrapper sets it.
+        for r in range(np_):
+            env[f"EXPECTED_HOST_{r}"] = per_rank_host(r)
+            argv += ["-x", f"EXPECTED_HOST_{r}"]
+        script = f'SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/{np_ // 2})) exec "{sys.executable}" "{HERE}" worker'
+        argv += ["bash", "-c", script]
+    else:
+        argv += [sys.executable, HERE, "worker"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.stdout.count("cases ok") == np_, proc.stdout
+    return proc
+
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.runtime,
+    pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed"),
+]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_one_host(ranks):
+    extra = {"CHECK_BIG": "1"} if ranks in (2, 4) else {}
+    run_mpi(ranks, extra)
+
+
+def test_small_chunks_and_no_fusion():
+    # Tiny shared-memory slots: every size spans many chunks; fusion disabled.
+    run_mpi(3, {"SHOAL_SHM_CHUNK_BYTES": "4096", "SHOAL_SMALL_BYTES": "0",
+                "SHOAL_FUSION_THRESHOLD_BYTES": "0"})
+
+
+@pytest.mark.slow
+def test_two_simulated_hosts():
+    run_mpi(4, {"CHECK_BIG": "1"}, per_rank_host=lambda r: f"h{r // 2}")
+
+
+def test_two_simulated_hosts_small_chunks():
+    run_mpi(4, {"SHOAL_SHM_CHUNK_BYTES": "8192"}, per_rank_host=lambda r: f"h{r // 2}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+    worker()

@@ -54,7 +54,6 @@ class Libraries:
     def __init__(self, comm):
         import torch
         import torch.distributed as dist
-
         from shoal.dataparallel import core
 
         self.mpi = comm

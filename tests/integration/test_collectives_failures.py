@@ -1,0 +1,144 @@
+"""Failures of the collective core: a rank killed in the middle of allreduces,
+and a rank that never arrives. The others must fail with a clear error (op
+name, ranks) within the timeout, and no process may hang.
+
+Ranks are plain processes with torchrun-style variables (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), so the test controls which one dies and when; one
+case runs under the real mpirun. This file is also the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+HERE = os.path.abspath(__file__)
+MPIRUN = shutil.which("mpirun")
+
+pytestmark = [pytest.mark.runtime]
+
+
+def worker(mode: str) -> None:
+    from shoal.dataparallel import core
+    from shoal.errors import CollectiveError
+
+    comm = core.init()
+    data = np.ones(1 << 20, dtype=np.float32)
+    try:
+        core.allreduce(data)
+        print("ready", flush=True)
+        if mode == "stall" and comm.rank == comm.size - 1:
+            time.sleep(120)
+        if mode == "suicide" and comm.rank == 1:
+            for _ in range(5):
+                core.allreduce(data)
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            data[:] = 1
+            core.allreduce(data)
+    except CollectiveError as exc:
+        print(f"{type(exc).__name__}: {exc} ranks={exc.ranks}", file=sys.stderr, flush=True)
+        sys.exit(3)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(size, mode, timeout_s, hosts=None):
+    base = {"SHOAL_JOB_ID": uuid.uuid4().hex[:12], "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(size),
+            "SHOAL_COLLECTIVE_TIMEOUT": str(timeout_s)}
+    procs = []
+    for rank in range(size):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
+        env.update(base, RANK=str(rank))
+        if hosts:
+            env["SHOAL_HOST"] = hosts[rank]
+        procs.append(subprocess.Popen([sys.executable, HERE, "worker", mode], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    return procs
+
+
+def finish(procs, deadline_s):
+    """Every survivor's (returncode, stderr); none may outlive the deadline."""
+    end = time.monotonic() + deadline_s
+    out = []
+    try:
+        for p in procs:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+            out.append((p.returncode, p.stderr.read()))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def test_killed_local_rank_is_reported_by_the_others():
+    procs = start_ranks(3, "loop", timeout_s=60)
+    procs[1].send_signal(signal.SIGKILL)
+    # Found by the liveness check, long before the 60 s timeout.
+    results = finish([procs[0], procs[2]], deadline_s=20)
+    for code, err in results:
+        assert code == 3, err
+        assert "PeerLostError" in err and "rank 1" in err, err
+    procs[1].wait()
+
+
+def test_killed_rank_on_another_host_is_reported():
+    procs = start_ranks(4, "loop", timeout_s=60, hosts=["h0", "h0", "h1", "h1"])
+    procs[2].send_signal(signal.SIGKILL)
+    results = finish([procs[0], procs[1], procs[3]], deadline_s=20)
+    for code, err in results:
+        assert code == 3, err
+        assert "PeerLostError" in err, err
+    # Rank 0 exchanges with rank 2 directly: it names it.
+    assert "rank 2" in results[0][1], results[0][1]
+    procs[2].wait()
+
+
+def test_rank_that_never_arrives_times_out_everywhere():
+    procs = start_ranks(3, "stall", timeout_s=3)
+    start = time.monotonic()
+    results = finish(procs[:2], deadline_s=30)
+    elapsed = time.monotonic() - start
+    for code, err in results:
+        assert code == 3, err
+        assert "CollectiveTimeoutError" in err, err
+        assert "allreduce" in err and "[2]" in err, err
+    assert elapsed >= 2.5, "failed before the timeout"
+    procs[2].kill()
+    procs[2].wait()
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")
+def test_rank_killed_under_mpirun_ends_the_job():
+    env = dict(os.environ, SHOAL_JOB_ID=uuid.uuid4().hex[:12], MASTER_PORT=str(free_port()),
+               SHOAL_COLLECTIVE_TIMEOUT="30")
+    argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "3", "-x", "SHOAL_JOB_ID",
+            "-x", "MASTER_PORT", "-x", "SHOAL_COLLECTIVE_TIMEOUT", sys.executable, HERE,
+            "worker", "suicide"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "PeerLostError" in text or "signal 9" in text, text[-3000:]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    worker(sys.argv[2])

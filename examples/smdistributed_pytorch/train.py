@@ -62,6 +62,8 @@ def main():
         torch.set_num_threads(1)
     torch.manual_seed(0)
 
+    if rank == 0:
+        print(f"world size {world_size}")
     x_train, y_train, x_test, y_test = load_data(args.train)
     x = torch.tensor(x_train[rank::world_size], dtype=torch.float32)
     y = torch.tensor(y_train[rank::world_size], dtype=torch.long)

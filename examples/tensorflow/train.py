@@ -44,6 +44,8 @@ def main():
     parser.add_argument("--train", type=str, default=os.environ.get("SM_CHANNEL_TRAIN"))
     args = parser.parse_args()
 
+    if sdp.rank() == 0:
+        print(f"world size {sdp.size()}")
     x_train, y_train, x_test, y_test = load_data(args.train)
     dataset = (tf.data.Dataset.from_tensor_slices((x_train.astype("float32"), y_train))
                .shard(sdp.size(), sdp.rank())

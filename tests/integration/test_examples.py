@@ -1,0 +1,74 @@
+"""Every example runs in local mode with 1 and 2 hosts through the estimator, and leaves a
+model archive with the trained model; the demo runs as ``make demo`` does."""
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import shoal
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+pytestmark = [pytest.mark.mpi, pytest.mark.runtime, pytest.mark.slow]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SMDDP = {"smdistributed": {"dataparallel": {"enabled": True}}}
+
+CASES = {
+    "pytorch": (shoal.PyTorch, "pytorch", "train_digits.py", "1.13.1", "model.pt"),
+    "smdistributed_pytorch": (shoal.PyTorch, "smdistributed_pytorch", "train.py", "1.13.1",
+                              "model.pt"),
+    "tensorflow": (shoal.TensorFlow, "tensorflow", "train.py", "2.10.1", "model.weights.h5"),
+}
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("digits")
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x / 16.0, y, test_size=0.2, random_state=0, stratify=y)
+    np.savez(directory / "digits.npz", x_train=x_train, y_train=y_train, x_test=x_test,
+             y_test=y_test)
+    return directory
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+@pytest.mark.parametrize("name", list(CASES))
+def test_example_runs_locally(name, hosts, digits, tmp_path, monkeypatch):
+    if name == "tensorflow":
+        pytest.importorskip("tensorflow")
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    cls, directory, entry, version, artifact = CASES[name]
+    estimator = cls(
+        entry_point=entry, source_dir=str(EXAMPLES / directory),
+        role="arn:aws:iam::111122223333:role/Examples", instance_type="local",
+        instance_count=hosts, framework_version=version, py_version="py39", distribution=SMDDP,
+        hyperparameters={"epochs": 6, "sagemaker_mpi_num_of_processes_per_host": 2 if hosts == 1 else 1},
+        output_path=(tmp_path / "out").as_uri())
+    estimator.fit({"train": digits.as_uri()}, job_name=f"example-{name.replace('_', '-')}-{hosts}")
+    with tarfile.open(tmp_path / "out" / "model.tar.gz") as tar:
+        names = tar.getnames()
+        assert artifact in names
+        if "metrics.json" in names:
+            metrics = json.load(tar.extractfile("metrics.json"))
+            assert metrics["accuracy"] >= 0.9
+    log = (tmp_path / "jobs" / estimator.latest_training_job.name / "logs.txt").read_text()
+    assert "world size 2" in log  # two ranks took part
+
+
+def test_demo_trains_to_095_on_2_hosts_x_2_processes(tmp_path):
+    env = {"SHOAL_DEMO_DIR": str(tmp_path), "SHOAL_LOCAL_ROOT": str(tmp_path / "jobs"),
+           "PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, str(EXAMPLES / "demo" / "run_demo.py")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    accuracy = float(result.stdout.split("held-out accuracy:")[1].split()[0])
+    assert accuracy >= 0.95
+    assert f"model.tar.gz:       {tmp_path / 'output' / 'model.tar.gz'}" in result.stdout
+    assert "throughput" in result.stdout + result.stderr
+    for rank in range(4):
+        assert f"mpirank:{rank}," in result.stdout + result.stderr

@@ -1,0 +1,38 @@
+"""The notebooks execute top to bottom (nbclient, the venv's python3 kernel) and their last
+cell checks the trained model's held-out accuracy."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = [pytest.mark.mpi, pytest.mark.runtime, pytest.mark.slow]
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def run_notebook(path: Path) -> nbformat.NotebookNode:
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, kernel_name="python3", timeout=600,
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    return notebook
+
+
+def outputs(notebook) -> str:
+    return "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                   for out in cell.get("outputs", []))
+
+
+@pytest.mark.torch
+def test_pytorch_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    text = outputs(run_notebook(NOTEBOOKS / "pytorch_data_parallel.ipynb"))
+    assert "held-out accuracy" in text and "model.tar.gz" in text
+
+
+@pytest.mark.tensorflow
+def test_tensorflow_notebook(tmp_path, monkeypatch):
+    pytest.importorskip("tensorflow")
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    text = outputs(run_notebook(NOTEBOOKS / "tensorflow_data_parallel.ipynb"))
+    assert "held-out accuracy" in text and "model.tar.gz" in text

@@ -112,7 +112,7 @@ def dry_run_request(estimator, spec) -> dict:
 
 def follow(job, handle) -> None:
     """Follow ``job`` to its end, its log on stderr; exit 1 unless it completed."""
-    job.wait(logs="All", **({"out": sys.stderr} if handle.is_local else {}))
+    job.wait(logs="All", out=sys.stderr)
     status = job.describe()["TrainingJobStatus"]
     if status != "Completed":
         err(f"job {handle} ended {status}")
@@ -142,11 +142,10 @@ def sagemaker_session(region: str):
 
 
 def sagemaker_job(handle):
-    """The SageMaker job behind a handle, through ``shoal.attach``."""
-    import shoal
+    """The SageMaker job behind a handle."""
+    from .backends.sagemaker import backend
 
-    estimator = shoal.attach(handle.job_name, sagemaker_session=sagemaker_session(handle.region))
-    return estimator.latest_training_job
+    return backend(sagemaker_session(handle.region)).job(handle.job_name)
 
 
 def summary(description: dict) -> dict:
@@ -181,16 +180,7 @@ def status(handle, output):
 def logs(handle, follow):
     """Print a job's log."""
     handle, job = open_job(handle)
-    if handle.is_local:
-        job.logs(follow=follow)
-    else:
-        job.logs(wait=follow) if _accepts(job.logs, "wait") else job.logs()
-
-
-def _accepts(function, name) -> bool:
-    import inspect
-
-    return name in inspect.signature(function).parameters
+    job.logs(wait=follow, out=sys.stdout)
 
 
 @cli.command()

@@ -154,3 +154,23 @@ def test_dry_run_request_is_redacted(root, tmp_path):
     assert request["TrainingJobName"] == "redacted-job"
     assert "hunter2hunter2" not in json.dumps(request)
     assert request["Environment"]["DB_PASSWORD"] == "***"
+
+
+def test_status_and_list_of_sagemaker_jobs(root, capsys):
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        client = boto3.client("sagemaker", region_name="us-west-2")
+        client.create_training_job(
+            TrainingJobName="sm-job",
+            AlgorithmSpecification={"TrainingImage": "img", "TrainingInputMode": "File"},
+            RoleArn="arn:aws:iam::123456789012:role/R",
+            OutputDataConfig={"S3OutputPath": "s3://b/o"},
+            ResourceConfig={"InstanceType": "ml.m5.xlarge", "InstanceCount": 1,
+                            "VolumeSizeInGB": 30},
+            StoppingCondition={"MaxRuntimeInSeconds": 60})
+        code, out, _ = run(capsys, "status", "sagemaker://us-west-2/sm-job", "--output", "json")
+        assert code == 0 and json.loads(out)["TrainingJobName"] == "sm-job"
+        code, out, _ = run(capsys, "list", "--sagemaker", "us-west-2", "--output", "json")
+        assert [r["Handle"] for r in json.loads(out)] == ["sagemaker://us-west-2/sm-job"]

@@ -107,8 +107,8 @@ class LocalTrainingJob:
         return process.find(info["Pid"], info["CreateTime"]) if info else None
 
     # -- following -------------------------------------------------------------------------
-    def logs(self, follow: bool = False, out=None) -> None:
-        """Print the log so far; with ``follow``, keep printing until the job ends."""
+    def logs(self, wait: bool = True, out=None) -> None:
+        """Print the job's log, until the job ends unless ``wait=False``."""
         out = out or sys.stdout
         with _open_log(self.paths.log_file) as log:
             while True:
@@ -116,7 +116,7 @@ class LocalTrainingJob:
                 if chunk:
                     out.write(chunk)
                     out.flush()
-                elif not follow or self._ended():
+                elif not wait or self._ended():
                     out.write(log.read())
                     return
                 else:
@@ -132,7 +132,7 @@ class LocalTrainingJob:
         """
         try:
             if logs and logs != "None":
-                self.logs(follow=True, out=out)
+                self.logs(wait=True, out=out)
             else:
                 while not self._ended():
                     time.sleep(POLL_SECONDS)

@@ -38,7 +38,7 @@ from shoal.launcher.environment import (
 from shoal.launcher.paths import JobPaths
 from shoal.launcher.rank import job_id, write_host_environment
 from shoal.launcher.runners import Runner
-from shoal.launcher.simulate import LOOPBACK, SIMULATED_ROOT_ENV, agent_command
+from shoal.launcher.simulate import LOOPBACK, SESSION_TMP_ENV, SIMULATED_ROOT_ENV, agent_command
 from shoal.launcher.supervisor import (
     Outcome,
     Supervisor,
@@ -103,6 +103,15 @@ class Launch:
             env["TF_CONFIG"] = json.dumps(config)
         added = sorted(set(env) - set(self.environ))
         log.info("exporting %d variables: %s", len(added), ", ".join(added))
+        return env
+
+    def mpirun_env(self) -> dict[str, str]:
+        env = self.env()
+        session_tmp = self.environ.get(SESSION_TMP_ENV)
+        if self.simulated and session_tmp:
+            # mpirun's session directory apart from every simulated host's orted.
+            env["OMPI_MCA_orte_tmpdir_base"] = os.path.join(session_tmp, "mpirun")
+            os.makedirs(env["OMPI_MCA_orte_tmpdir_base"], exist_ok=True)
         return env
 
     def user_command(self, python: list[str]) -> list[str]:
@@ -177,7 +186,7 @@ def run_master(launch: Launch) -> int:
         return code
     try:
         keep = [sshd.pid] if sshd else []
-        outcome = launch.supervise(launch.mpirun_argv(), launch.env(), keep)
+        outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:

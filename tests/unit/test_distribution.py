@@ -4,6 +4,7 @@ the runner and the round trips (hyperparameters and canonical dict)."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -39,15 +40,21 @@ SMP_TF = {"partitions": 2, "microbatches": 4, "horovod": True, "contiguous": Fal
 MPI8 = {"enabled": True, "processes_per_host": 8}
 
 
+@functools.lru_cache(maxsize=2)
+def _v2_session(local: bool):
+    # One session per kind for the module: building one parses botocore's models again.
+    with moto.mock_aws():
+        boto_session = boto3.Session(region_name="us-west-2")
+        return (LocalSession if local else Session)(boto_session=boto_session)
+
+
 def v2_estimator(distribution, *, framework, entry_point="train.py", **kwargs):
     """The reference SDK's estimator for the same arguments, against a mocked AWS."""
     if kwargs.get("instance_groups"):
         kwargs.pop("instance_count", None)
     cls = PyTorch if framework == "pytorch" else TensorFlow
+    session = _v2_session(kwargs.get("instance_type") in ("local", "local_gpu"))
     with moto.mock_aws():
-        boto_session = boto3.Session(region_name="us-west-2")
-        local = kwargs.get("instance_type") in ("local", "local_gpu")
-        session = (LocalSession if local else Session)(boto_session=boto_session)
         return cls(
             entry_point=entry_point, role=ROLE, sagemaker_session=session,
             distribution=distribution, **kwargs,

@@ -70,7 +70,8 @@ class Launch:
         self.job, self.environ = job, dict(environ)
         self.simulated = bool(environ.get(SIMULATED_ROOT_ENV))
         self.dist = runners.Distribution.from_params(job.additional_framework_parameters)
-        self.hosts = job.distribution_hosts or list(job.hosts)
+        # Sorted: the master (mpirun's host) is the first, and ranks fill hosts in this order.
+        self.hosts = sorted(job.distribution_hosts or job.hosts)
         in_dist = job.current_instance_group in job.distribution_instance_groups
         self.runner = runners.choose_runner(self.dist, len(self.hosts), in_dist)
         self.ppn = self.dist.ranks_per_host(job.num_gpus)

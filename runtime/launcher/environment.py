@@ -146,7 +146,8 @@ class TrainingEnvironment:
 
     @property
     def master_hostname(self) -> str:
-        return (self.distribution_hosts or list(self.hosts))[0]
+        """The first host in sorted order (SageMaker lists hosts sorted already)."""
+        return min(self.distribution_hosts or self.hosts)
 
     @property
     def is_master(self) -> bool:

@@ -177,3 +177,9 @@ def test_process_env_vars_put_code_first_on_pythonpath():
     env = process_env_vars(documented_env(), {"PYTHONPATH": "/lib"})
     assert env["PYTHONPATH"] == "/opt/ml/code:/lib"
     assert env["CURRENT_HOST"] == "algo-1"
+
+
+def test_master_is_the_first_sorted_host():
+    env = documented_env(hosts=["algo-2", "algo-1"], current_host="algo-1")
+    assert env.master_hostname == "algo-1" and env.is_master
+    assert sm_env_vars(env)["SM_HOSTS"] == '["algo-2","algo-1"]'  # as configured

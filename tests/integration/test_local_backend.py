@@ -176,3 +176,19 @@ def test_s3_inputs_outputs_and_checkpoints_through_a_local_s3_server(tmp_path, r
     # Restored at the start (every host saw step-0.txt), saved at the end.
     saved = s3.get_object(Bucket="data-bkt", Key="ckpt/step-1.txt")["Body"].read().decode()
     assert saved == "seen:step-0.txt"
+
+
+def test_code_from_a_staged_tarball_in_s3(tmp_path, root, s3_server, capsys):
+    s3 = s3_server
+    s3.create_bucket(Bucket="code-bkt", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    req = request(tmp_path, "s3-code", hosts=2, per_host=1)
+    with tarfile.open(tmp_path / "sourcedir.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "code" / "train.py", arcname="train.py")
+    s3.upload_file(str(tmp_path / "sourcedir.tar.gz"), "code-bkt", "job/source/sourcedir.tar.gz")
+    req["HyperParameters"]["sagemaker_submit_directory"] = json.dumps(
+        "s3://code-bkt/job/source/sourcedir.tar.gz")
+    job = LocalBackend(root=root).submit(req)
+    job.wait()
+    ranks = [k for k in members(tmp_path / "out" / "model.tar.gz") if k.startswith("rank-")]
+    assert sorted(ranks) == ["rank-0.json", "rank-1.json"]
+    assert (root / "s3-code" / "algo-2" / "code" / "train.py").exists()

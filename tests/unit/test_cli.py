@@ -174,3 +174,24 @@ def test_status_and_list_of_sagemaker_jobs(root, capsys):
         assert code == 0 and json.loads(out)["TrainingJobName"] == "sm-job"
         code, out, _ = run(capsys, "list", "--sagemaker", "us-west-2", "--output", "json")
         assert [r["Handle"] for r in json.loads(out)] == ["sagemaker://us-west-2/sm-job"]
+
+
+def test_run_on_sagemaker_detached_prints_the_sagemaker_handle(root, capsys, tmp_path):
+    import boto3
+    from moto import mock_aws
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    with mock_aws():
+        code, out, err = run(
+            capsys, "run", "--entry-point", "train.py", "--source-dir", str(tmp_path / "code"),
+            "--framework", "pytorch", "--framework-version", "1.13.1", "--py-version", "py39",
+            "--role", "arn:aws:iam::123456789012:role/R", "--region", "us-west-2",
+            "--instance-type", "ml.m5.xlarge", "--instance-count", "1",
+            "--job-name", "remote-job", "-H", "epochs=3", "--detach")
+        assert code == 0, err
+        assert out == "sagemaker://us-west-2/remote-job\n"
+        described = boto3.client("sagemaker", region_name="us-west-2").describe_training_job(
+            TrainingJobName="remote-job")
+        assert described["HyperParameters"]["epochs"] == "3"
+        assert "shoal logs sagemaker://us-west-2/remote-job" in err

@@ -1,0 +1,75 @@
+"""``train`` end to end on one host, and the pieces it assembles."""
+
+import json
+import os
+import subprocess
+import sys
+
+from shoal.launcher.entrypoint import Launch
+from shoal.launcher.environment import load_environment
+from shoal.launcher.paths import JobPaths
+
+
+def write_job(root, hps, host="algo-1", hosts=("algo-1",), script=None):
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(json.dumps(
+        {"current_host": host, "hosts": list(hosts), "network_interface_name": "eth0"}))
+    (config / "hyperparameters.json").write_text(json.dumps(
+        {"sagemaker_program": json.dumps("train.py"), **hps}))
+    if script is not None:
+        (root / "code").mkdir()
+        (root / "code" / "train.py").write_text(script)
+    return JobPaths(str(root))
+
+
+def run_train(root):
+    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "SHOAL_HOST": "algo-1"}
+    return subprocess.run([sys.executable, "-m", "shoal.launcher.entrypoint"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_single_host_success(tmp_path):
+    write_job(tmp_path, {"lr": "0.5"}, script="import os, sys\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], 'm'), 'w').write(' '.join(sys.argv[1:]))\n")
+    done = run_train(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "model" / "m").read_text() == "--lr 0.5"
+    assert (tmp_path / "output" / "success").exists()
+
+
+def test_startup_errors_write_the_failure_file(tmp_path):
+    done = run_train(tmp_path)  # no configuration at all
+    assert done.returncode == 1
+    assert (tmp_path / "output" / "failure").read_text().startswith(
+        "LaunchError: missing job configuration file")
+
+
+def test_bad_distribution_is_a_configuration_failure(tmp_path):
+    write_job(tmp_path, {"sagemaker_mpi_enabled": "true",
+                         "sagemaker_mpi_num_of_processes_per_host": "0"}, script="")  # fmt: skip
+    done = run_train(tmp_path)
+    assert done.returncode == 2
+    assert "'processes_per_host' must be >= 1 (got 0)" in (
+        tmp_path / "output" / "failure").read_text()
+
+
+def test_secret_hyperparameters_are_not_logged(tmp_path):
+    write_job(tmp_path, {"api_token": json.dumps("s3cr3t-value")}, script="import sys\n")
+    done = run_train(tmp_path)
+    assert done.returncode == 0
+    assert "s3cr3t-value" not in done.stderr + done.stdout
+
+
+def test_mpirun_line_runs_every_rank_through_shoal_rank(tmp_path):
+    paths = write_job(tmp_path, {"sagemaker_distributed_dataparallel_enabled": "true",
+                                 "sagemaker_instance_type": json.dumps("ml.p4d.24xlarge"),
+                                 "sagemaker_mpi_num_of_processes_per_host": "8"},
+                      hosts=("algo-1", "algo-2"), script="")  # fmt: skip
+    launch = Launch(load_environment(paths, {}, num_gpus=0, num_cpus=2), {})
+    argv = launch.mpirun_argv()
+    assert argv[:5] == ["mpirun", "--host", "algo-1:8,algo-2:8", "-np", "16"]
+    i = next(i for i, tok in enumerate(argv) if tok.endswith("shoal-rank"))
+    assert argv[i + 1:] == [sys.executable, "-m", "mpi4py", "train.py"]
+    assert "SAGEMAKER_INSTANCE_TYPE=ml.p4d.24xlarge" in argv
+    assert "FI_EFA_USE_DEVICE_RDMA=1" in argv

@@ -68,8 +68,9 @@ CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSI
 # The service's limit on one hyperparameter value.
 MAX_HYPERPARAMETER_VALUE = 2500
 
-RUNNERS = ("process", "mpi", "smddp", "torch_distributed", "parameter_server", "mwms",
-           "pytorchddp")  # fmt: skip
+#: What ``Distribution.runner`` returns. ``pytorchddp`` runs on the data-parallel launcher
+#: ("smddp"), as the PyTorch containers do.
+RUNNERS = ("process", "mpi", "smddp", "torch_distributed", "parameter_server", "mwms")
 
 
 def where(*path: str) -> str:
@@ -172,7 +173,11 @@ class Distribution:
 
     @property
     def runner(self) -> str:
-        """How the training container launches the script, in the containers' order."""
+        """How the training container launches the script, in the containers' order.
+
+        One of RUNNERS. The containers run a parameter server only with more than one
+        host; on one host the script runs as one process.
+        """
         if self.framework == "tensorflow" and self.parameter_server_enabled:
             return "parameter_server"
         if self.framework == "tensorflow" and self.mwms_enabled:

@@ -15,6 +15,7 @@ import moto
 import pytest
 from shoal.distribution import (
     HYPERPARAMETER_NAMES,
+    RUNNERS,
     Distribution,
     parse_distribution,
 )
@@ -780,6 +781,7 @@ def test_tensorflow_smp_parameters():
 def test_runner(distribution, kwargs, runner, ppn):
     dist = parse_distribution(distribution, **kwargs)
     assert dist.runner == runner
+    assert runner in RUNNERS
     assert dist.processes_per_host == ppn
 
 

@@ -163,3 +163,22 @@ def test_file_copies(tmp_path):
     assert json.loads((tmp_path / "o/f").read_text()) == 1
     with pytest.raises(InputError, match="does not exist"):
         storage.download(str(tmp_path / "missing"), tmp_path / "z")
+
+
+def test_submit_refuses_a_missing_file_channel_before_anything_runs(tmp_path):
+    from shoal.backends.local import LocalBackend
+
+    request = {**REQUEST, "InputDataConfig": [{"ChannelName": "train", "DataSource": {
+        "FileDataSource": {"FileUri": (tmp_path / "nope").as_uri()}}}]}
+    with pytest.raises(InputError, match="'train'.*does not exist on this machine"):
+        LocalBackend(root=tmp_path / "jobs").submit(request)
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_job_name_is_used_once(tmp_path):
+    from shoal.backends.local import LocalBackend
+    from shoal.errors import ConfigError
+
+    (tmp_path / "jobs" / REQUEST["TrainingJobName"]).mkdir(parents=True)
+    with pytest.raises(ConfigError, match="already exists"):
+        LocalBackend(root=tmp_path / "jobs").submit(REQUEST)

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, Interrupted, JobFailedError, JobStoppedError
-from ..local import layout, process, state
+from ..errors import ConfigError, InputError, Interrupted, JobFailedError, JobStoppedError
+from ..local import layout, process, state, storage
 
 POLL_SECONDS = 0.1
 
@@ -32,7 +32,7 @@ class LocalBackend:
             raise ConfigError(f"a local job named {request['TrainingJobName']!r} already exists "
                               f"in {paths.job_dir}")
         layout.host_names(request)  # refuse a malformed request before anything runs
-        layout.channel_sources(request)
+        _check_local_sources(request)
         paths.job_dir.mkdir(parents=True)
         paths.request_file.write_text(_dumps(request))
         record = state.initial(request)
@@ -41,6 +41,13 @@ class LocalBackend:
         record[state.RUNNER_KEY] = {"Pid": runner.pid, "CreateTime": runner.create_time()}
         _merge_runner(paths, record[state.RUNNER_KEY])
         return LocalTrainingJob(request["TrainingJobName"], paths, runner)
+
+
+def _check_local_sources(request: dict) -> None:
+    """A ``file://`` channel that does not exist fails the call, not the job later."""
+    for channel, uri in layout.channel_sources(request).items():
+        if not storage.is_s3(uri) and not storage.file_path(uri).exists():
+            raise InputError(f"channel {channel!r}: {uri} does not exist on this machine")
 
 
 def _dumps(data) -> str:

@@ -102,6 +102,8 @@ PARITY = {
         {**PT, "framework_version": None, "py_version": None, "image_uri": CUSTOM_IMAGE},
     ),
     "pytorchddp": ({"pytorchddp": {"enabled": True}}, PT),
+    "pytorchddp-disabled": ({"pytorchddp": {"enabled": False}}, PT),
+    "smdistributed-empty": ({"smdistributed": {}}, PT),
     "pytorchddp-options": ({"pytorchddp": {"enabled": True, "custom_mpi_options": "-v"}}, PT),
     "mpi": ({"mpi": {"enabled": True, "processes_per_host": 4,
                      "custom_mpi_options": "--mca btl_vader_single_copy_mechanism none"}}, PT),

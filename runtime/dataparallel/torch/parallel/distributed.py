@@ -4,9 +4,10 @@ DistributedDataParallel as DDP``).
 
 At construction it broadcasts rank 0's parameters and buffers. During backward, a hook on
 each parameter's gradient accumulation marks it ready; a bucket whose parameters are all
-ready is packed (gradients become views of the bucket's flat buffer) and its sum-allreduce is
-started asynchronously, in bucket order, so communication overlaps the rest of backward. At
-the end of backward the wrapper waits for every bucket and divides by the world size.
+ready is packed (gradients become views of the bucket's flat buffer) and its average across
+ranks is started asynchronously (on Shoal's backend, by the core's fused allreduce; see
+``transport``), in bucket order, so communication overlaps the rest of backward. At the end
+of backward the wrapper waits for every bucket.
 ``no_sync()`` skips all of it, so gradients accumulate locally until the next synced step.
 """
 
@@ -21,6 +22,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .buckets import bucket_cap_bytes, plan_buckets
+from .transport import TorchTransport, transport_for
 
 
 class _Bucket:
@@ -37,7 +39,8 @@ class _Bucket:
             self.views.append(self.buffer[offset : offset + param.numel()].view_as(param))
             offset += param.numel()
         self.pending = len(params)
-        self.work = None
+        self.transport = None
+        self.finish = None  # completes this step's reduction (set when started)
 
     def pack(self, position: int) -> None:
         """Make the parameter's gradient a view of this bucket (copying it in if needed)."""
@@ -83,6 +86,10 @@ class DistributedDataParallel(nn.Module):
         self._sync_module_states()
         self._params = _unique_trainable(module)
         self._buckets, self._where = self._make_buckets()
+        fused = transport_for(process_group, self._world_size)
+        fallback = TorchTransport(process_group, self._world_size)
+        for bucket in self._buckets:
+            bucket.transport = fused if fused.supports(bucket.buffer) else fallback
         self._next_bucket = 0
         self._finalizer_queued = False
         self._hooks = [
@@ -160,9 +167,7 @@ class DistributedDataParallel(nn.Module):
             self._launch(self._buckets[self._next_bucket])
 
     def _launch(self, bucket: _Bucket) -> None:
-        bucket.work = torch_dist.all_reduce(
-            bucket.buffer, op=torch_dist.ReduceOp.SUM, group=self.process_group, async_op=True
-        )
+        bucket.finish = bucket.transport.start(bucket.buffer)
         self._next_bucket += 1
 
     def _finish_backward(self) -> None:
@@ -174,9 +179,8 @@ class DistributedDataParallel(nn.Module):
                     bucket.pack(position)
                 self._launch(bucket)
             for bucket in self._buckets:
-                bucket.work.wait()
-                bucket.work = None
-                bucket.buffer.div_(self._world_size)
+                finish, bucket.finish = bucket.finish, None
+                finish()  # the bucket now holds the average over all ranks
         finally:
             for bucket in self._buckets:
                 bucket.pending = len(bucket.params)

@@ -108,7 +108,10 @@ def parameter_table(torchrun: bool = False) -> Mapping[str, Param]:
 class ModelParallelParameters:
     """Validated model-parallel parameters, kept exactly as the user wrote them."""
 
-    values: Mapping[str, Any] = attrs.field(converter=lambda v: MappingProxyType(dict(v)))
+    # Left out of the hash (a mapping has none); equality still compares it.
+    values: Mapping[str, Any] = attrs.field(
+        converter=lambda v: MappingProxyType(dict(v)), hash=False
+    )
     torchrun: bool = False
 
     def to_dict(self) -> dict[str, Any]:

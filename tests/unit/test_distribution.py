@@ -812,6 +812,10 @@ def test_hyperparameter_values_are_not_encoded():
 
 def test_distribution_is_frozen():
     dist = parse_distribution({"mpi": {"enabled": True}}, **PT)
+    smp = parse_distribution(
+        {"smdistributed": {"modelparallel": {"enabled": True, "parameters": SMP_V1}},
+         "mpi": MPI8}, **PT)  # fmt: skip
+    assert len({dist, smp, parse_distribution({"mpi": {"enabled": True}}, **PT)}) == 2
     with pytest.raises(AttributeError):
         dist.mpi = None
     copy_ = dist.to_dict()

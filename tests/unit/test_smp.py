@@ -266,6 +266,12 @@ def test_result_is_frozen_and_detached():
     assert params == ModelParallelParameters({"partitions": 2})
 
 
+def test_parameters_are_hashable():
+    assert hash(parse({"partitions": 2})) == hash(parse({"partitions": 2}))
+    assert parse({"partitions": 2}) != parse({"partitions": 4})
+    assert len({parse({"partitions": 2}), parse({"partitions": 2})}) == 1
+
+
 def test_parameter_tables_are_read_only():
     table = parameter_table()
     assert "partitions" in table and "hybrid_shard_degree" not in table

@@ -407,6 +407,23 @@ def test_strategy_of_another_framework():
             "only supported by the TensorFlow estimator")
 
 
+def test_generic_estimator_with_a_custom_image():
+    generic = dict(framework=None, image_uri=CUSTOM_IMAGE, instance_type="ml.p4d.24xlarge",
+                   instance_count=2)  # fmt: skip
+    dist = parse_distribution({"smdistributed": {"dataparallel": {"enabled": True}}}, **generic)
+    assert dist.hyperparameters() == {
+        "sagemaker_distributed_dataparallel_enabled": True,
+        "sagemaker_instance_type": "ml.p4d.24xlarge",
+        "sagemaker_distributed_dataparallel_custom_mpi_options": "",
+    }
+    ps = parse_distribution({"parameter_server": {"enabled": True}}, **generic)
+    assert ps.hyperparameters() == {"sagemaker_parameter_server_enabled": True}
+    assert ps.runner == "parameter_server"
+    rejects({"torch_distributed": {"enabled": True}},
+            "distribution['torch_distributed'] is only supported by the pytorch estimator, "
+            "not a generic estimator", **generic)
+
+
 def test_pytorchxla_needs_training_compiler():
     rejects({"pytorchxla": {"enabled": True}},
             "^distribution\\['pytorchxla'\\]: distributed training through PyTorch XLA needs "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from collections.abc import Mapping
 from itertools import permutations
@@ -204,8 +205,10 @@ def _check_value(value: Any, param: Param, where: str) -> None:
         raise DistributionError(f"{where} must be an int (got {value!r})")
     if kind == "count" and not _is_count(value):
         raise DistributionError(f"{where} must be a whole number (got {value!r})")
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise DistributionError(f"{where} must be a number (got {value!r})")
+    if kind == "float" and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+    ):
+        raise DistributionError(f"{where} must be a finite number (got {value!r})")
     if param.minimum is not None and value < param.minimum:
         raise DistributionError(f"{where} must be >= {param.minimum} (got {value!r})")
     if param.maximum is not None and value > param.maximum:

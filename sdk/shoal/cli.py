@@ -86,7 +86,8 @@ def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, *
     if local:
         flags["instance_type"] = "local"
     spec = config_mod.resolve(job_file, flags)
-    estimator = config_mod.build_estimator(spec)
+    session = dry_run_session(spec) if dry_run and not spec.is_local else None
+    estimator = config_mod.build_estimator(spec, sagemaker_session=session)
     if dry_run:
         emit_json(dry_run_request(estimator, spec))
         return
@@ -100,6 +101,30 @@ def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, *
         err(f"detached; follow with: shoal logs {handle}")
         return
     follow(job, handle)
+
+
+class _AccountFromRole:
+    """Stands in for STS in a dry run: the account is read from the role ARN, not asked for."""
+
+    def __init__(self, account: str):
+        self.account = account
+
+    def get_caller_identity(self):
+        return {"Account": self.account}
+
+
+def dry_run_session(spec):
+    """A session that can build the request (image URI, default bucket) without any call."""
+    import boto3
+
+    from .session import Session
+
+    parts = (spec.role or "").split(":")
+    if len(parts) < 6 or not parts[4].isdigit():
+        raise ConfigError("--dry-run needs 'role' as an IAM role ARN: its account names the "
+                          "image and the default bucket without calling AWS")
+    return Session(boto_session=boto3.Session(region_name=spec.region),
+                   sts_client=_AccountFromRole(parts[4]))
 
 
 def dry_run_request(estimator, spec) -> dict:
@@ -369,11 +394,20 @@ def main(argv=None) -> int:
         return exit_code_for(error)
     except Exception as error:
         mapped = _aws_error(error)
-        if mapped is None:
-            raise
-        err(f"error: {mapped}")
-        return exit_code_for(mapped)
+        if mapped is not None:
+            err(f"error: {mapped}")
+            return exit_code_for(mapped)
+        if _is_botocore_error(error):  # network and client-side failures: no traceback
+            err(f"error: {error}")
+            return 1
+        raise
     return 0
+
+
+def _is_botocore_error(error: Exception) -> bool:
+    import botocore.exceptions
+
+    return isinstance(error, (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError))
 
 
 def _aws_error(error: Exception):

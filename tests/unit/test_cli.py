@@ -195,3 +195,51 @@ def test_run_on_sagemaker_detached_prints_the_sagemaker_handle(root, capsys, tmp
             TrainingJobName="remote-job")
         assert described["HyperParameters"]["epochs"] == "3"
         assert "shoal logs sagemaker://us-west-2/remote-job" in err
+
+
+def test_sagemaker_dry_run_makes_no_call_and_equals_what_fit_submits(root, capsys, tmp_path,
+                                                                   monkeypatch):
+    from moto import mock_aws
+    from shoal import config as config_mod
+    from shoal.backends import sagemaker as sagemaker_backend
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    argv = ["run", "--entry-point", "train.py", "--source-dir", str(tmp_path / "code"),
+            "--framework-version", "1.13.1", "--py-version", "py39",
+            "--role", "arn:aws:iam::123456789012:role/R", "--region", "us-west-2",
+            "--instance-type", "ml.p4d.24xlarge", "--instance-count", "2", "-H", "lr=0.1",
+            "-i", "train=s3://data/train", "--job-name", "planned-job"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # any call would fail loudly
+    code, out, err = run(capsys, *argv, "--dry-run")
+    assert code == 0, err
+    printed = json.loads(out)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+
+    submitted = []
+
+    class Recorder:
+        def __init__(self, session, **options):
+            pass
+
+        def submit(self, request):
+            submitted.append(request)
+            raise KeyboardInterrupt  # stop before following
+
+    monkeypatch.setattr(sagemaker_backend, "backend", Recorder)
+    with mock_aws():
+        spec = config_mod.resolve(None, {
+            "entry_point": "train.py", "source_dir": str(tmp_path / "code"),
+            "framework_version": "1.13.1", "py_version": "py39",
+            "role": "arn:aws:iam::123456789012:role/R", "region": "us-west-2",
+            "instance_type": "ml.p4d.24xlarge", "instance_count": 2,
+            "hyperparameters": {"lr": 0.1}, "inputs": {"train": "s3://data/train"}})
+        with pytest.raises(KeyboardInterrupt):
+            config_mod.build_estimator(spec).fit(spec.inputs, job_name="planned-job")
+    assert json.loads(json.dumps(submitted[0], default=str)) == printed
+
+
+def test_dry_run_on_sagemaker_needs_a_role_arn(root, capsys):
+    code, _, err = run(capsys, "run", "--entry-point", "t.py", "--region", "us-west-2",
+                       "--instance-type", "ml.m5.xlarge", "--role", "MyRole", "--dry-run")
+    assert code == 2 and "role ARN" in err

@@ -53,6 +53,14 @@ def test_module_api_bootstraps_under_plain_mpirun():
     assert out.count("module api ok") == 3
 
 
+def test_a_dead_rank_fails_the_others_with_shoal_errors():
+    """Rank 1 vanishes after init: rank 0's collectives fail with PeerLostError (or a
+    timeout) through the module API and torch's own API, and nobody hangs."""
+    env = {"SHOAL_COLLECTIVE_TIMEOUT": "20"}
+    out = mpirun(2, HERE, "peer-lost", env=env, timeout=300)
+    assert "rank 0: caught PeerLostError" in out or "rank 0: caught CollectiveTimeoutError" in out
+
+
 # ---- rank program ---------------------------------------------------------------------
 
 
@@ -246,5 +254,24 @@ def main_module_api():
     print(f"rank {rank}: module api ok", flush=True)
 
 
+def main_peer_lost():
+    import smdistributed.dataparallel.torch.distributed as sdist
+    import torch
+    from shoal.errors import CollectiveError
+
+    sdist.init_process_group()
+    sdist.barrier()
+    if sdist.get_rank() == 1:
+        os._exit(0)  # gone without a word, mid-job
+    try:
+        sdist.all_reduce(torch.ones(1 << 20))
+    except CollectiveError as error:
+        print(f"rank 0: caught {type(error).__name__}: {error}", flush=True)
+    else:
+        raise AssertionError("the allreduce with a dead peer succeeded")
+    os._exit(0)  # the process group cannot be torn down cleanly without its peer
+
+
 if __name__ == "__main__":
-    {"collectives": main_collectives, "module-api": main_module_api}[sys.argv[1]]()
+    modes = {"collectives": main_collectives, "module-api": main_module_api, "peer-lost": main_peer_lost}
+    modes[sys.argv[1]]()

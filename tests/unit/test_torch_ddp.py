@@ -102,3 +102,36 @@ def test_module_api_in_a_world_of_one(world_of_one):
     assert sdist.new_group() is sdist.group.WORLD
     with pytest.raises(ValidationError, match="only the world group"):
         sdist.new_group([1, 2])
+
+
+def test_core_failures_become_shoal_errors():
+    from shoal.dataparallel.torch.backend import shoal_error_from
+    from shoal.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+
+    lost = shoal_error_from(RuntimeError("PeerLostError: allreduce: rank 1 (pid 9) exited"))
+    assert isinstance(lost, PeerLostError)
+    assert str(lost) == "allreduce: rank 1 (pid 9) exited"
+    late = shoal_error_from(RuntimeError("[rank0] CollectiveTimeoutError: barrier: ranks 2, 3"))
+    assert isinstance(late, CollectiveTimeoutError)
+    assert isinstance(shoal_error_from(RuntimeError("CollectiveError: bad root")), CollectiveError)
+    assert shoal_error_from(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None
+
+
+def test_async_handles_translate_errors():
+    from shoal.errors import PeerLostError
+
+    class FailingWork:
+        def wait(self):
+            raise RuntimeError("PeerLostError: broadcast: rank 3 exited")
+
+    with pytest.raises(PeerLostError, match="broadcast: rank 3 exited"):
+        sdist.Work(FailingWork()).wait()
+
+
+def test_async_op_returns_a_handle(world_of_one):
+    tensor = torch.ones(3)
+    handle = sdist.all_reduce(tensor, async_op=True)
+    assert isinstance(handle, sdist.Work)
+    assert handle.wait()
+    assert handle.is_completed()
+    assert sdist.barrier() is None

@@ -6,7 +6,10 @@ cache, the first time a process group is created on the backend.
 
 from __future__ import annotations
 
+import re
+
 import torch.distributed as torch_dist
+from shoal.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 
 BACKEND_NAME = "shoal"
 ALIASES = ("smddp",)
@@ -37,3 +40,20 @@ def register_backend() -> None:
             torch_dist.Backend.register_backend(
                 name, create_process_group, extended_api=False, devices=["cpu"]
             )
+
+
+# The c10d extension prefixes the core's errors with their kind (see csrc).
+_KINDS = {
+    "CollectiveTimeoutError": CollectiveTimeoutError,
+    "PeerLostError": PeerLostError,
+    "CollectiveError": CollectiveError,
+}
+_KIND_PATTERN = re.compile(r"\b(CollectiveTimeoutError|PeerLostError|CollectiveError): (.*)", re.S)
+
+
+def shoal_error_from(error: BaseException) -> CollectiveError | None:
+    """The Shoal error a backend failure stands for, or None if it is not the core's."""
+    match = _KIND_PATTERN.search(str(error))
+    if match is None:
+        return None
+    return _KINDS[match.group(1)](match.group(2).strip())

@@ -10,14 +10,16 @@ communicator. Like the closed library, only the world group exists.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import os
 
 import torch.distributed as torch_dist
 from shoal.errors import RuntimeFailure, ValidationError
 
 from . import environment, rendezvous
-from .backend import BACKEND_NAME, register_backend
+from .backend import BACKEND_NAME, register_backend, shoal_error_from
 
 __all__ = [
     "ReduceOp",
@@ -91,6 +93,48 @@ def is_initialized() -> bool:
     return torch_dist.is_initialized()
 
 
+@contextlib.contextmanager
+def _shoal_errors():
+    """Re-raise the core's failures as Shoal's errors (CollectiveTimeoutError, ...)."""
+    try:
+        yield
+    except RuntimeError as error:
+        translated = shoal_error_from(error)
+        if translated is None:
+            raise
+        raise translated from error
+
+
+class Work:
+    """The handle of an ``async_op=True`` collective; ``wait()`` raises Shoal's errors."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, timeout=None) -> bool:
+        with _shoal_errors():
+            return self._work.wait() if timeout is None else self._work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self):
+        return self._work.get_future()
+
+
+def _collective(function):
+    """Check initialization, translate errors, wrap async handles."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        _require_initialized()
+        with _shoal_errors():
+            work = function(*args, **kwargs)
+        return None if work is None else Work(work)
+
+    return run
+
+
 def _require_initialized() -> None:
     if not torch_dist.is_initialized():
         raise RuntimeFailure("call init_process_group() before using the process group")
@@ -132,33 +176,33 @@ def get_local_size() -> int:
     return _local["size"]
 
 
+@_collective
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
     """Reduce ``tensor`` across all ranks, in place; a work handle if ``async_op``."""
-    _require_initialized()
     return torch_dist.all_reduce(tensor, op=op, group=_world(group), async_op=async_op)
 
 
+@_collective
 def broadcast(tensor, src=0, group=None, async_op=False):  # noqa: A002
     """Copy rank ``src``'s ``tensor`` to every rank, in place."""
-    _require_initialized()
     return torch_dist.broadcast(tensor, src=src, group=_world(group), async_op=async_op)
 
 
+@_collective
 def all_gather(tensor_list, tensor, group=None, async_op=False):  # noqa: A002
     """Fill ``tensor_list[i]`` with rank i's ``tensor`` on every rank."""
-    _require_initialized()
     return torch_dist.all_gather(tensor_list, tensor, group=_world(group), async_op=async_op)
 
 
+@_collective
 def reduce(tensor, dst=0, op=ReduceOp.SUM, group=None, async_op=False):  # noqa: A002
     """Reduce ``tensor`` across all ranks into rank ``dst``'s ``tensor``."""
-    _require_initialized()
     return torch_dist.reduce(tensor, dst=dst, op=op, group=_world(group), async_op=async_op)
 
 
+@_collective
 def barrier(group=None, async_op=False):  # noqa: A002
     """Block until every rank has reached the barrier."""
-    _require_initialized()
     return torch_dist.barrier(group=_world(group), async_op=async_op)
 
 

@@ -518,6 +518,11 @@ def _one_group_message(groups, requested) -> str:
 
 def _find_group(item: Any, groups: list[Any]):
     name = item if isinstance(item, str) else getattr(item, "instance_group_name", None)
+    if not isinstance(name, str):
+        raise DistributionError(
+            f"{where('instance_groups')} must hold instance group names or InstanceGroup "
+            f"objects (got {item!r})"
+        )
     names = [g.instance_group_name for g in groups]
     for group in groups:
         if group is item or (name is not None and group.instance_group_name == name):

@@ -675,6 +675,9 @@ def test_instance_group_rules():
     rejects({"mpi": {"enabled": True}, "instance_groups": "train"},
             "distribution['instance_groups'] must be a list of instance groups (got 'train')",
             **base, instance_groups=two)
+    rejects({"mpi": {"enabled": True}, "instance_groups": [3]},
+            "distribution['instance_groups'] must hold instance group names or InstanceGroup "
+            "objects (got 3)", **base, instance_groups=two)
     rejects({"parameter_server": {"enabled": True}, "instance_groups": ["train"]},
             "distribution['instance_groups'] ['train'] needs a strategy that launches across "
             "the group: enable 'mpi' or smdistributed 'dataparallel'",

@@ -817,6 +817,15 @@ def test_flags():
     assert (dist.modelparallel_enabled, dist.smdataparallel_enabled) == (False, True)
 
 
+@pytest.mark.parametrize("name", ["smp-v1", "pytorchddp-options", "groups-named", "smp-v2"])
+def test_the_users_dict_is_left_alone(name):
+    distribution, kwargs = PARITY[name]
+    kwargs, _ = _with_groups(kwargs)
+    given = copy.deepcopy(distribution)
+    parse_distribution(given, **kwargs)
+    assert given == distribution
+
+
 def test_none_is_no_distribution():
     dist = parse_distribution(None, **PT)
     assert dist.hyperparameters() == {}

@@ -19,17 +19,18 @@ OPS = ("SUM", "AVG", "MIN", "MAX", "PRODUCT")
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 
 
-def mpirun(n, *args, env=None, timeout=600):
-    """Run this file's rank program on ``n`` ranks; fail with the ranks' output."""
-    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
-    for name in ("SHOAL_EXTENSION_DIR", "SHOAL_COLLECTIVE_TIMEOUT", "MASTER_PORT"):
-        if env and name in env:
-            command += ["-x", name]
-    command += [sys.executable, *args]
+def run_ranks(n, argv, env=None, timeout=600):
+    """Run ``argv`` as ``n`` ranks under mpirun; fail with the ranks' output."""
+    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), *argv]
     merged = {**os.environ, "SHOAL_COLLECTIVE_TIMEOUT": "120", **(env or {})}
     done = subprocess.run(command, env=merged, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
     return done.stdout
+
+
+def mpirun(n, *args, env=None, timeout=600):
+    """Run a Python rank program (``args``: script and its arguments) on ``n`` ranks."""
+    return run_ranks(n, [sys.executable, *args], env=env, timeout=timeout)
 
 
 def free_port():

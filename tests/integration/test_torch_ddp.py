@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_torch_backend import free_port, mpirun, setup_env_like_shoal_rank  # noqa: E402
+from test_torch_backend import free_port, mpirun, run_ranks, setup_env_like_shoal_rank  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch, pytest.mark.runtime, pytest.mark.slow]
 
@@ -99,20 +99,52 @@ def test_unchanged_smdistributed_script_across_simulated_hosts(tmp_path):
         f'exec "{sys.executable}" "{script}"\n'
     )
     command_env = {"SHOAL_JOB_ID": f"ddp-hosts-{os.getpid()}"}
-    out = _mpirun_bash(4, str(wrapper), command_env)
+    out = run_ranks(4, ["bash", str(wrapper)], env=command_env)
     assert "smddp script ok" in out
     assert out.count("local 0/2 world 4") == 2
     assert out.count("local 1/2 world 4") == 2
 
 
-def _mpirun_bash(n, wrapper, env):
-    import subprocess
+SMDDP_BACKEND_SCRIPT = textwrap.dedent(
+    """
+    import os
 
-    command = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n), "bash", wrapper]
-    merged = {**os.environ, "SHOAL_COLLECTIVE_TIMEOUT": "120", **env}
-    done = subprocess.run(command, env=merged, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
-    return done.stdout
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import smdistributed.dataparallel.torch.torch_smddp  # noqa: F401
+
+    dist.init_process_group(backend="smddp")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.manual_seed(dist.get_rank())
+    model = DDP(torch.nn.Linear(10, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(4, 10)).pow(2).mean().backward()
+        optimizer.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    copies = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, flat)
+    assert all(torch.equal(c, flat) for c in copies), "replicas diverged"
+    print(f"rank {dist.get_rank()} local {local_rank} backend {dist.get_backend()}: smddp backend ok")
+    """
+)
+
+
+@pytest.mark.parametrize("script_text", [SMDDP_SCRIPT, SMDDP_BACKEND_SCRIPT], ids=["module-api", "backend"])
+def test_unchanged_scripts_under_shoal_rank(tmp_path, script_text):
+    """The launcher's per-rank wrapper sets the rank environment (MASTER_PORT included)."""
+    import shutil
+
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    shoal_rank = shutil.which("shoal-rank", path=os.path.dirname(sys.executable))
+    assert shoal_rank, "the shoal-rank console script is not installed"
+    out = run_ranks(2, [shoal_rank, sys.executable, str(script)],
+                    env={"SHOAL_MASTER_PORT": str(free_port())})
+    assert "smddp script ok" in out or out.count("smddp backend ok") == 2
 
 
 # ---- rank program ---------------------------------------------------------------------

@@ -75,9 +75,8 @@ def test_logs_and_list(root, capsys):
 def test_a_job_whose_supervisor_died_reads_as_failed(root, capsys):
     paths = layout.JobPaths(root / "orphan")
     paths.job_dir.mkdir(parents=True)
-    record = state.initial({**REQUEST, "TrainingJobName": "orphan"})
-    record[state.RUNNER_KEY] = {"Pid": 999999999, "CreateTime": 0.0}
-    state.write(paths.state_file, record)
+    state.write(paths.state_file, state.initial({**REQUEST, "TrainingJobName": "orphan"}))
+    state.write(paths.runner_file, {"Pid": 999999999, "CreateTime": 0.0})
     code, out, _ = run(capsys, "status", "local://orphan")
     assert code == 1 and "supervisor" in out
 

@@ -38,8 +38,8 @@ class LocalBackend:
         record = state.initial(request)
         state.write(paths.state_file, record)
         runner = process.spawn_runner(paths.job_dir, paths.log_file)
-        record[state.RUNNER_KEY] = {"Pid": runner.pid, "CreateTime": runner.create_time()}
-        _merge_runner(paths, record[state.RUNNER_KEY])
+        # Its own file: the supervisor owns job.json from now on.
+        state.write(paths.runner_file, {"Pid": runner.pid, "CreateTime": runner.create_time()})
         return LocalTrainingJob(request["TrainingJobName"], paths, runner)
 
 
@@ -54,18 +54,6 @@ def _dumps(data) -> str:
     import json
 
     return json.dumps(data, indent=1, default=str)
-
-
-def _merge_runner(paths, runner_info) -> None:
-    # The supervisor may already have moved on; only add the pid to what it wrote.
-    for _ in range(50):
-        try:
-            record = state.read(paths.state_file)
-            record[state.RUNNER_KEY] = runner_info
-            state.write(paths.state_file, record)
-            return
-        except (ValueError, FileNotFoundError):
-            time.sleep(0.01)
 
 
 class LocalTrainingJob:
@@ -96,7 +84,7 @@ class LocalTrainingJob:
             record = state.transition(record, "Failed", "the local job's supervisor died")
             record["FailureReason"] = "ClientError: the local job's supervisor process died"
             state.write(self.paths.state_file, record)
-        return state.describe_view(record)
+        return record
 
     @property
     def status(self) -> str:
@@ -107,11 +95,13 @@ class LocalTrainingJob:
         return self.describe().get("ModelArtifacts", {}).get("S3ModelArtifacts")
 
     def runner(self):
-        if self._runner is not None and self._runner.is_running() \
-                and self._runner.status() != "zombie":
-            return self._runner
-        info = self._record().get(state.RUNNER_KEY)
-        return process.find(info["Pid"], info["CreateTime"]) if info else None
+        """The live supervisor process, or None once it has exited."""
+        if self._runner is not None:
+            return process.find(self._runner.pid, self._runner.create_time())
+        if not self.paths.runner_file.exists():
+            return None
+        info = state.read(self.paths.runner_file)
+        return process.find(info["Pid"], info["CreateTime"])
 
     # -- following -------------------------------------------------------------------------
     def logs(self, wait: bool = True, out=None) -> None:
@@ -160,7 +150,7 @@ class LocalTrainingJob:
 
     def _reap(self, timeout: float = 30.0) -> None:
         """Wait for the supervisor to exit: it writes the final record just before it does."""
-        runner = self.runner()
+        runner = self._runner or self.runner()  # our own child is reaped here, zombie or not
         if runner is not None:
             try:
                 runner.wait(timeout=timeout)

@@ -4,7 +4,7 @@ Pure functions from a ``CreateTrainingJob`` request to data: host names, the con
 ``resourceconfig.json``, ``inputdataconfig.json`` and ``hyperparameters.json`` for one host, and
 the paths of the ``/opt/ml``-shaped tree of each simulated host under the job directory::
 
-    <root>/<job>/               job.json (state), logs.txt, stop request
+    <root>/<job>/               job.json (the record), request.json, runner.json, logs.txt
     <root>/<job>/algo-1/        SAGEMAKER_BASE_DIR of host algo-1
         input/config/{hyperparameters,resourceconfig,inputdataconfig}.json
         input/data/<channel>/   model/   output/{data,failure,success}   code/   checkpoints/
@@ -49,6 +49,11 @@ class JobPaths:
     @property
     def request_file(self) -> Path:
         return self.job_dir / "request.json"
+
+    @property
+    def runner_file(self) -> Path:
+        """The supervisor's pid and start time (``process.find`` tells it from a reused pid)."""
+        return self.job_dir / "runner.json"
 
     @property
     def log_file(self) -> Path:

@@ -32,7 +32,6 @@ MESSAGES = {
 }
 TIME_KEYS = ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime",
              "StartTime", "EndTime")
-RUNNER_KEY = "LocalRunner"
 
 
 def now() -> dt.datetime:
@@ -114,8 +113,3 @@ def write(path: Path, record: dict) -> None:
 
 def read(path: Path) -> dict:
     return _decode_all(json.loads(Path(path).read_text()))
-
-
-def describe_view(record: dict) -> dict:
-    """The record as DescribeTrainingJob returns it (without the supervisor's bookkeeping)."""
-    return {k: v for k, v in record.items() if k != RUNNER_KEY}

@@ -539,7 +539,7 @@ def _find_group(item: Any, groups: list[Any]):
 def _check_for_instance_type(raw, dist: Distribution, instance_type, context: _Context) -> None:
     """The rules v2 applies per training instance type (each group's, when heterogeneous)."""
     _check_trainium(raw, instance_type)
-    _check_smddp(dist, instance_type, context)
+    _check_smddp(dist, instance_type, context, "pytorchddp" in raw)
     if context.framework == "pytorch":
         _check_torch_distributed(dist, instance_type, context)
     if dist.parameter_server_enabled and frameworks.is_multi_gpu_instance(instance_type):
@@ -561,7 +561,7 @@ def _check_trainium(raw, instance_type) -> None:
         )
 
 
-def _check_smddp(dist: Distribution, instance_type, context: _Context) -> None:
+def _check_smddp(dist: Distribution, instance_type, context: _Context, ddp: bool) -> None:
     if not dist.smdataparallel_enabled:
         return
     problems = []
@@ -575,7 +575,8 @@ def _check_smddp(dist: Distribution, instance_type, context: _Context) -> None:
         if not frameworks.is_python3(context.py_version):
             problems.append(f"py_version {context.py_version!r} is not supported: use py3 or later")
     if problems:
-        raise DistributionError(f"{where('smdistributed', 'dataparallel')}: " + "; ".join(problems))
+        here = where("pytorchddp") if ddp else where("smdistributed", "dataparallel")
+        raise DistributionError(f"{here}: " + "; ".join(problems))
 
 
 def _version_problem(version, supported: Sequence[str], what: str) -> str:

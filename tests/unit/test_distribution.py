@@ -589,7 +589,8 @@ def test_pytorchddp_with_smdistributed():
 
 def test_pytorchddp_follows_smddp_version_rules():
     rejects({"pytorchddp": {"enabled": True}},
-            "^distribution\\['smdistributed'\\]\\['dataparallel'\\]: framework_version '2.3.0'",
+            "^distribution\\['pytorchddp'\\]: framework_version '2.3.0' is not supported by the "
+            "data-parallel library",
             framework_version="2.3.0")
 
 

@@ -104,8 +104,11 @@ def smddp_versions(framework: str) -> tuple[str, ...]:
     return SMDDP_SUPPORTED_VERSIONS.get(framework, ())
 
 
-def smddp_supports(framework: str, framework_version: str) -> bool:
-    """Whether the data-parallel library supports this exact framework version string."""
+def smddp_supports(framework: str, framework_version: str, py_version: str | None = None) -> bool:
+    """Whether the data-parallel library supports this exact framework version string
+    (and, when given, this Python version: any py3)."""
+    if py_version is not None and not is_python3(py_version):
+        return False
     return framework_version in smddp_versions(framework)
 
 

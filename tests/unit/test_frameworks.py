@@ -64,6 +64,8 @@ def test_smddp_versions_are_exact_strings():
     assert not frameworks.smddp_supports("tensorflow", "2.12")
     assert frameworks.smddp_supports("tensorflow", "2.11")
     assert frameworks.smddp_versions("mxnet") == ()
+    assert frameworks.smddp_supports("pytorch", "1.13.1", "py39")
+    assert not frameworks.smddp_supports("pytorch", "1.13.1", "py2")
 
 
 def test_suggest_version():

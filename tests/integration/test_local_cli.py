@@ -105,17 +105,19 @@ def test_detach_then_stop_from_another_process(project):
     assert not leftovers(job_dir)
 
 
-def test_ctrl_c_stops_the_job_and_leaves_no_process(project):
-    proc = subprocess.Popen([SHOAL, "run", "job.yaml", "--job-name", "cli-int", "--env",
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_the_job_and_leaves_no_process(project, sig):
+    name = f"cli-sig{int(sig)}"
+    proc = subprocess.Popen([SHOAL, "run", "job.yaml", "--job-name", name, "--env",
                              "SLEEP=300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    job_dir = project / "jobs" / "cli-int"
+    job_dir = project / "jobs" / name
     deadline = time.monotonic() + 60
     while not (job_dir / "logs.txt").exists() or \
             "script started" not in (job_dir / "logs.txt").read_text():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.2)
     assert leftovers(job_dir)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "stopped" in err

@@ -9,7 +9,10 @@ any process: ``LocalTrainingJob.attach("<job>")``.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -125,14 +128,16 @@ class LocalTrainingJob:
     def wait(self, logs="All", out=None) -> dict:
         """Follow the job to its end; raise ``JobFailedError``/``JobStoppedError`` unless it completed.
 
-        Ctrl-C stops the job (its whole process tree) and raises ``Interrupted``.
+        Ctrl-C or SIGTERM stops the job (its whole process tree) and raises ``Interrupted``:
+        a local job does not outlive the process that follows it.
         """
         try:
-            if logs and logs != "None":
-                self.logs(wait=True, out=out)
-            else:
-                while not self._ended():
-                    time.sleep(POLL_SECONDS)
+            with _sigterm_interrupts():
+                if logs and logs != "None":
+                    self.logs(wait=True, out=out)
+                else:
+                    while not self._ended():
+                        time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             self.stop(wait=True)
             raise Interrupted(f"interrupted: local job {self.name} was stopped") from None
@@ -163,6 +168,23 @@ class LocalTrainingJob:
         if runner is None:
             return
         process.terminate_tree(runner, grace=timeout) if wait else runner.terminate()
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """While following, SIGTERM acts as Ctrl-C (signal handlers exist in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _open_log(path: Path):

@@ -1,7 +1,8 @@
 """Job files and Shoal's configuration layers.
 
-A job file is YAML with the estimator's keyword arguments plus ``framework``, ``inputs`` and
-``job_name``. The same keys, all optional, make the configuration layers that supply defaults.
+A job file is YAML with the estimator's keyword arguments plus ``framework``, ``inputs``,
+``job_name``, ``region`` and ``processes_per_host``; its relative ``source_dir`` (or lone
+``entry_point``) and ``dependencies`` are relative to the file. The same keys, all optional, make the configuration layers that supply defaults.
 Precedence, highest first:
 
 1. command-line flags,
@@ -148,7 +149,27 @@ def load_yaml(path: str | os.PathLike) -> Any:
 
 
 def load_spec(path: str | os.PathLike) -> JobSpec:
-    return parse_spec(load_yaml(path), source=str(path))
+    """A file's spec; its relative code paths are relative to the file, not the shell."""
+    spec = parse_spec(load_yaml(path), source=str(path))
+    return anchor_paths(spec, Path(path).resolve().parent)
+
+
+def anchor_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """``source_dir``, ``dependencies`` and a lone ``entry_point`` made absolute from ``base``.
+
+    With ``source_dir``, ``entry_point`` stays relative to it, as in the estimator.
+    """
+    def anchor(value):
+        return value if "://" in value or os.path.isabs(value) else str(base / value)
+
+    changes = {}
+    if spec.source_dir:
+        changes["source_dir"] = anchor(spec.source_dir)
+    elif spec.entry_point:
+        changes["entry_point"] = anchor(spec.entry_point)
+    if spec.dependencies:
+        changes["dependencies"] = [anchor(d) if isinstance(d, str) else d for d in spec.dependencies]
+    return attrs.evolve(spec, **changes)
 
 
 def user_config_path() -> Path:

@@ -156,3 +156,17 @@ def test_secret_looking_values_are_refused_without_echoing_them(project):
     assert result.returncode == 2
     assert "DB_PASSWORD" in result.stderr
     assert "hunter2hunter2" not in result.stdout + result.stderr
+
+
+def test_the_example_job_file_plans_the_demo_job(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    example = Path(__file__).resolve().parents[2] / "examples" / "pytorch"
+    result = shoal_cli("run", str(example / "job.yaml"), "--job-name", "planned", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    request = json.loads(result.stdout)
+    hps = {k: json.loads(v) for k, v in request["HyperParameters"].items()}
+    assert hps["sagemaker_submit_directory"] == example.as_uri()
+    assert hps["sagemaker_program"] == "train_digits.py"
+    assert hps["sagemaker_distributed_dataparallel_enabled"] is True
+    assert hps["sagemaker_mpi_num_of_processes_per_host"] == 2
+    assert request["ResourceConfig"]["InstanceCount"] == 2

@@ -28,7 +28,7 @@ def test_job_file_is_parsed_into_a_spec(tmp_path):
         "inputs": {"train": "file:///data"}, "hyperparameters": {"epochs": 3},
     })
     spec = load_spec(path)
-    assert spec.entry_point == "train.py" and spec.instance_count == 2
+    assert spec.entry_point == str(tmp_path / "train.py") and spec.instance_count == 2
     assert spec.inputs == {"train": "file:///data"} and spec.hyperparameters == {"epochs": 3}
 
 
@@ -104,3 +104,16 @@ def test_is_local():
     assert JobSpec(instance_type="local").is_local
     assert JobSpec(instance_type="local_gpu").is_local
     assert not JobSpec(instance_type="ml.p4d.24xlarge").is_local
+
+
+def test_code_paths_in_a_file_are_relative_to_the_file(tmp_path):
+    write(tmp_path / "jobs" / "a.yaml", {"entry_point": "train.py", "source_dir": "../code",
+                                        "dependencies": ["lib", "/abs/lib"]})
+    spec = load_spec(tmp_path / "jobs" / "a.yaml")
+    assert spec.source_dir == str(tmp_path / "jobs" / "../code")
+    assert spec.entry_point == "train.py"  # relative to source_dir, as the estimator takes it
+    assert spec.dependencies == [str(tmp_path / "jobs" / "lib"), "/abs/lib"]
+    write(tmp_path / "b.yaml", {"entry_point": "train.py"})
+    assert load_spec(tmp_path / "b.yaml").entry_point == str(tmp_path / "train.py")
+    write(tmp_path / "c.yaml", {"source_dir": "s3://bkt/code/sourcedir.tar.gz"})
+    assert load_spec(tmp_path / "c.yaml").source_dir == "s3://bkt/code/sourcedir.tar.gz"

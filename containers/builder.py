@@ -3,6 +3,7 @@ buildah), the exact command lines (pure), and running them (I/O)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -15,12 +16,28 @@ from shoal.errors import BuildError
 BUILDERS = ("docker", "buildah")
 
 
+def choose_storage_driver(filesystems: str, is_root: bool) -> str:
+    """overlay when the kernel has it and we are root (fast, shares layers), else vfs
+    (a full copy per layer, but works anywhere). ``filesystems``: /proc/filesystems."""
+    kernel_has_overlay = any(line.split()[-1:] == ["overlay"] for line in filesystems.splitlines())
+    return "overlay" if kernel_has_overlay and is_root else "vfs"
+
+
+def detect_storage_driver() -> str:
+    try:
+        filesystems = Path("/proc/filesystems").read_text()
+    except OSError:
+        filesystems = ""
+    return choose_storage_driver(filesystems, os.geteuid() == 0)
+
+
 @attrs.frozen
 class Buildah:
-    """How buildah runs here: chroot isolation and the vfs driver work as root inside an
-    unprivileged container; every buildah command of one store must use the same flags."""
+    """How buildah runs here: chroot isolation works as root inside an unprivileged
+    container; every buildah command on one image store must use the same driver and root."""
 
-    storage_driver: str = "vfs"
+    storage_driver: str = attrs.field(
+        factory=detect_storage_driver, validator=attrs.validators.in_(("overlay", "vfs")))
     isolation: str = "chroot"
     root: str | None = None  # a separate image store (tests), else buildah's default
 

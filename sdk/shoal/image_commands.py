@@ -45,16 +45,20 @@ def image():
               help="Leave the framework out (runtime and launcher only).")
 @click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Shoal source tree to build from (default: this checkout).")
+@click.option("--ca-certificate", "ca_certificates", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Extra CA certificate (*.crt) to trust, e.g. a TLS-inspecting proxy's.")
 @click.option("--builder", type=click.Choice(builders.BUILDERS), default=None,
               help="Default: docker when an engine answers, else buildah.")
 @click.option("--dry-run", is_flag=True, help="Print the rendered Dockerfile; build nothing.")
-def build(framework, framework_version, processor, base, python, no_framework, source, builder,
-          dry_run):
+def build(framework, framework_version, processor, base, python, no_framework, source,
+          ca_certificates, builder, dry_run):
     """Render the Dockerfile and build the image."""
     try:
         options = render.BuildOptions(
             framework=framework, framework_version=framework_version, processor=processor,
-            base=base, python=python, install_framework=not no_framework)
+            base=base, python=python, install_framework=not no_framework,
+            ca_certificates=ca_certificates)
         if dry_run:
             click.echo(render.render_dockerfile(options), nl=False)
             return

@@ -7,11 +7,11 @@ set -euo pipefail
 base_dir="${SAGEMAKER_BASE_DIR:-/opt/ml}"
 resource_config="${base_dir}/input/config/resourceconfig.json"
 
-if [ -z "${SHOAL_HOSTNAME:-}" ] && [ -f "${resource_config}" ]; then
-    SHOAL_HOSTNAME="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["current_host"])' "${resource_config}")"
-    export SHOAL_HOSTNAME
+if [ -z "${SHOAL_HOST:-}" ] && [ -f "${resource_config}" ]; then
+    SHOAL_HOST="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["current_host"])' "${resource_config}")"
+    export SHOAL_HOST
 fi
-if [ -n "${SHOAL_HOSTNAME:-}" ]; then
+if [ -n "${SHOAL_HOST:-}" ]; then
     export LD_PRELOAD="/usr/local/lib/libshoal_hostname.so${LD_PRELOAD:+:${LD_PRELOAD}}"
 fi
 

@@ -1,7 +1,9 @@
 /* LD_PRELOAD shim for Shoal training containers: gethostname() and uname() report
- * SHOAL_HOSTNAME (the job's name for this host, e.g. "algo-1", from resourceconfig.json)
- * so that MPI, NCCL and the training script agree with the job's host list. Without
- * SHOAL_HOSTNAME set, both behave as usual. */
+ * SHOAL_HOST (the job's name for this host, e.g. "algo-1", from resourceconfig.json) so
+ * that mpirun, its daemons, NCCL and the training script agree with the job's host list.
+ * SHOAL_HOST is the variable the launcher sets for ranks too; the image points the
+ * launcher's SHOAL_GETHOSTNAME_PRELOAD at this library. Without SHOAL_HOST set, both
+ * calls behave as usual. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
@@ -12,7 +14,7 @@
 
 static const char *job_hostname(void)
 {
-    const char *name = getenv("SHOAL_HOSTNAME");
+    const char *name = getenv("SHOAL_HOST");
     return (name != NULL && name[0] != '\0') ? name : NULL;
 }
 

@@ -103,6 +103,7 @@ def test_final_stage_sets_what_the_launcher_needs(spec, processor):
     final = stage_body(render.render_dockerfile(options(spec, processor)), "final")
     assert final.rstrip().endswith('ENTRYPOINT ["/usr/local/bin/shoal-entrypoint"]\nCMD ["train"]')
     assert "ENV SAGEMAKER_TRAINING_MODULE=shoal.launcher.entrypoint:main" in final
+    assert "SHOAL_GETHOSTNAME_PRELOAD=/usr/local/lib/libshoal_hostname.so" in final
     assert "StrictHostKeyChecking no" in final and "ssh-keygen -A" in final
     assert "Port 22" in final and "PasswordAuthentication no" in final
     assert "pam_loginuid.so" in final

@@ -3,7 +3,10 @@ testing Shoal's CPU images where no registry can be pulled from."""
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import os
+import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -18,12 +21,22 @@ def debootstrap_command(suite: str, rootfs: Path, mirror: str = DEFAULT_MIRROR) 
     return ["debootstrap", "--variant=minbase", suite, str(rootfs), mirror]
 
 
-BASE_DOCKERFILE = 'FROM scratch\nADD rootfs.tar /\nCMD ["/bin/bash"]\n'
+# What Debian's own images set: a scratch image has no PATH of its own.
+BASE_DOCKERFILE = """FROM scratch
+ADD rootfs.tar /
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+CMD ["/bin/bash"]
+"""
+
+
+def base_name(suite: str, day: datetime.date) -> str:
+    """The cached base's name: one per suite, month and recipe, so it is remade monthly
+    (security updates) and whenever the recipe changes."""
+    recipe = hashlib.sha256(BASE_DOCKERFILE.encode()).hexdigest()[:8]
+    return f"localhost/shoal-debian:{suite}-{day:%Y%m}-{recipe}"
 
 
 def image_exists(name: str, buildah: builders.Buildah) -> bool:
-    import subprocess
-
     done = subprocess.run([*buildah.global_args(), "inspect", "--type", "image", name],
                           capture_output=True, check=False)
     return done.returncode == 0

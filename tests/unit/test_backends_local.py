@@ -181,3 +181,25 @@ def test_a_job_name_is_used_once(tmp_path):
     (tmp_path / "jobs" / REQUEST["TrainingJobName"]).mkdir(parents=True)
     with pytest.raises(ConfigError, match="already exists"):
         LocalBackend(root=tmp_path / "jobs").submit(REQUEST)
+
+
+def test_local_code_is_placed_as_staging_would_archive_it(tmp_path):
+    from shoal.local.runner import local_code, place_code
+
+    source = tmp_path / "src"
+    (source / "pkg").mkdir(parents=True)
+    (source / "train.py").write_text("print(1)\n")
+    (source / "pkg" / "util.py").write_text("X = 1\n")
+    (source / ".git").mkdir()
+    (source / ".git" / "config").write_text("secret remote\n")
+    (source / ".venv").mkdir()
+    (source / ".venv" / "pyvenv.cfg").write_text("home = /usr\n")
+    request = {**REQUEST, "HyperParameters": {
+        "sagemaker_program": '"train.py"', "sagemaker_submit_directory": json.dumps(source.as_uri())}}
+    assert local_code(request) == str(source)
+    place_code(request, local_code(request), tmp_path / "code")
+    placed = sorted(p.relative_to(tmp_path / "code").as_posix()
+                    for p in (tmp_path / "code").rglob("*") if p.is_file())
+    assert placed == ["pkg/util.py", "train.py"]
+    assert local_code({**REQUEST, "HyperParameters": {
+        "sagemaker_submit_directory": '"s3://b/k/sourcedir.tar.gz"'}}) is None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tarfile
@@ -53,10 +54,7 @@ class Supervisor:
             for sub in ("model", "output/data", "code"):
                 (self.paths.host_dir(host) / sub).mkdir(parents=True, exist_ok=True)
             if code:
-                # The launcher takes a path or s3:// URI; a file:// URI is resolved here.
-                from shoal.launcher.source import fetch_code
-
-                fetch_code(code, str(self.paths.host_dir(host) / "code"))
+                place_code(self.request, code, self.paths.host_dir(host) / "code")
 
     def download(self) -> None:
         for channel, uri in layout.channel_sources(self.request).items():
@@ -169,6 +167,29 @@ def end_descendants() -> None:
     me = psutil.Process()
     for child in me.children(recursive=False):
         process.terminate_tree(child, grace=5)
+
+
+def place_code(request: dict, source: str, code_dir: Path) -> None:
+    """Put the ``file://`` code into a host's ``code/``; the launcher then skips fetching.
+
+    A directory is copied as staging would archive it (same ignores, ``.shoalignore``), so the
+    script sees locally the files it will see on SageMaker; a tarball is extracted safely.
+    """
+    if Path(source).is_dir():
+        from shoal.staging import collect_members
+
+        program = json.loads(request["HyperParameters"]["sagemaker_program"])
+        for member in collect_members(program, source):
+            target = code_dir / member.arcname
+            if member.is_dir:
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(member.path, target)
+    else:
+        from shoal.launcher.source import fetch_code
+
+        fetch_code(source, str(code_dir))
 
 
 def local_code(request: dict) -> str | None:

@@ -37,7 +37,7 @@ def reduce_arrays(arrays, op: str, bucket_bytes: int | None = None) -> list[np.n
 
 def broadcast_arrays(arrays, root: int) -> list[np.ndarray]:
     """Every rank's arrays become root's, packed into one byte buffer so one collective moves them all."""
-    buffers = [np.ascontiguousarray(a) for a in arrays]
+    buffers = [np.asarray(a, order="C") for a in arrays]  # ascontiguousarray would make 0-d arrays 1-d
     sizes = [b.nbytes for b in buffers]
     packed = np.empty(sum(sizes), dtype=np.uint8)
     offset = 0

@@ -106,7 +106,8 @@ def test_image_holds_the_runtime_mpi_and_ssh_setup_but_no_sources(container, sto
         " ! command -v gcc && echo no-compiler;"
         " SHOAL_HOST=algo-3 LD_PRELOAD=/usr/local/lib/libshoal_hostname.so hostname"
     )
-    out = buildah(store, "run", container, "--", "bash", "-c", script)
+    out = buildah(store, "run", "--isolation", store.isolation, container, "--", "bash", "-c",
+                  script)
     for expected in ("/opt/shoal/venv/bin/train", "/opt/shoal/venv/bin/shoal-rank",
                      "imports-ok", "btl_vader_single_copy_mechanism = none",
                      "StrictHostKeyChecking no", "no-sources", "no-compiler", "algo-3"):
@@ -130,7 +131,7 @@ def write_job(root: Path) -> Path:
 def test_a_two_rank_mpi_job_runs_through_train(container, store, tmp_path):
     job = write_job(tmp_path / "ml")
     done = subprocess.run(
-        [*store.global_args(), "run", "--volume", f"{job}:/opt/ml", container, "--",
+        [*store.global_args(), "run", "--isolation", store.isolation, "--volume", f"{job}:/opt/ml", container, "--",
          "/usr/local/bin/shoal-entrypoint", "train"],
         capture_output=True, text=True, timeout=300, check=False)
     failure = job / "output" / "failure"

@@ -110,6 +110,8 @@ def test_final_stage_sets_what_the_launcher_needs(spec, processor):
     for mca in ("hwloc_base_binding_policy = none", "rmaps_base_mapping_policy = slot",
                 "btl_vader_single_copy_mechanism = none"):
         assert mca in final
+    # The launcher passes -mca btl/oob_tcp_if_include; Open MPI refuses include with exclude.
+    assert "tcp_if_exclude" not in final
     assert "--allow-run-as-root" in final and "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in final
     assert "/usr/local/lib/libshoal_hostname.so" in final
     system = stage_body(render.render_dockerfile(options(spec, processor)), "system")

@@ -1,21 +1,25 @@
 // Collective algorithms (see comm.h).
 //
-// allreduce, per chunk of at most SHOAL_SHM_CHUNK_BYTES:
-//   1. each local rank copies its chunk into its slot of the shared segment;
-//   2. small chunks on one host: every rank reduces the whole chunk from all
-//      slots (one handshake). Otherwise each local rank reduces its own slice
-//      of the chunk from all slots, in local-rank order (reduce-scatter);
+// allreduce, per chunk of at most SHOAL_SHM_CHUNK_BYTES (cache-sized):
+//   1. copy: each local rank copies its chunk into its slot of the segment;
+//   2. reduce: on one host, when the message is small or there are only two
+//      local ranks, every rank reduces the whole chunk from all slots (a single
+//      handshake). Otherwise each local rank reduces its own slice of the chunk
+//      from all slots, in local-rank order (reduce-scatter);
 //   3. across hosts, each local rank exchanges only its slice with the ranks of
 //      the same local rank on the other hosts (balanced, as Herring does): the
 //      slice is split in one part per host, each host reduces its part in host
 //      order and sends it back;
-//   4. every rank copies all reduced slices out (allgather).
+//   4. gather: every rank copies all reduced slices out.
+// The stages are pipelined over kDepth slot sets: a rank copies ahead while
+// its peers are still reducing, and only sleeps when no stage of any chunk can
+// proceed, so ranks sharing cores with others stay loosely coupled.
 // Fixed reduction orders make the bits independent of timing and identical on
-// every rank. Two slot sets alternate, so a rank reuses a slot only after every
-// peer has finished reading it (they have posted the next chunk).
+// every rank.
 #include "comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "kernels.h"
@@ -82,47 +86,78 @@ void Comm::abort(const Error& error) {
 }
 
 void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, const char* name) {
-  if (cfg_.size == 1) return;
-  const std::size_t esize = dtype_size(dtype);
-  const std::size_t per_chunk = cfg_.chunk_bytes / esize;
-  char* p = static_cast<char*>(data);
-  for (std::size_t done = 0; done < count; done += per_chunk) {
-    const std::size_t n = std::min(per_chunk, count - done);
-    chunk(p + done * esize, n, dtype, op, name);
-  }
-}
-
-void Comm::chunk(char* data, std::size_t n, DType dtype, ReduceOp op, const std::string& name) {
+  if (cfg_.size == 1 || count == 0) return;
   const Topology& t = job_.topo;
+  const int L = t.local_size, me = t.local_rank;
   const std::size_t es = dtype_size(dtype);
-  const std::size_t bytes = n * es;
-  const uint64_t s = step_++;
-  const int bs = (int)(s % 2);
-  const int L = t.local_size;
+  const std::size_t per_chunk = cfg_.chunk_bytes / es;
+  const uint64_t g0 = chunks_, end = g0 + (count + per_chunk - 1) / per_chunk;
   // Averages divide once, at the stage that completes the sum.
   const int divisor = op == ReduceOp::Average ? t.size : 1;
-  if (s >= 2) seg_->wait_all(2 * s - 1, name);
-  std::memcpy(seg_->slot(bs, t.local_rank), data, bytes);
-  seg_->post(2 * s + 1);
-  seg_->wait_all(2 * s + 1, name);
+  const bool whole = t.num_hosts == 1 && (L <= 2 || count * es <= cfg_.small_bytes);
+  char* base = static_cast<char*>(data);
+  auto at = [&](uint64_t g) { return base + (g - g0) * per_chunk * es; };
+  auto len = [&](uint64_t g) { return std::min(per_chunk, count - (g - g0) * per_chunk); };
   std::vector<const void*> srcs(L);
-  if (t.num_hosts == 1 && bytes <= cfg_.small_bytes) {
-    for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(bs, j);
-    reduce_into(dtype, op, data, srcs.data(), L, n, divisor);
-    seg_->post(2 * s + 2);
-    return;
+  uint64_t copy = g0, reduce = g0, gather = g0;  // the next chunk of each stage
+  auto since = std::chrono::steady_clock::now();
+  const std::string op_name = name;
+  while (gather < end) {
+    const uint32_t seen = seg_->version();
+    const uint64_t done_before = copy + reduce + gather;
+    // A slot set is free once every rank gathered the chunk that used it last.
+    while (copy < end && seg_->min(Counter::Gathered) + HostSegment::kDepth > copy) {
+      std::memcpy(seg_->slot(copy, me), at(copy), len(copy) * es);
+      seg_->publish(Counter::Posted, ++copy);
+    }
+    while (reduce < copy && seg_->min(Counter::Posted) > reduce) {
+      const std::size_t n = len(reduce);
+      if (whole) {
+        for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(reduce, j);
+        reduce_into(dtype, op, at(reduce), srcs.data(), L, n, divisor);
+        ++reduce;
+        gather = reduce;
+        seg_->publish(Counter::Gathered, gather);
+        continue;
+      }
+      const Range mine = part(n, L, me, es);
+      char* out = seg_->slot(reduce, me) + mine.lo * es;
+      for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(reduce, j) + mine.lo * es;
+      reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
+      if (t.num_hosts > 1) inter_host(out, mine.size(), dtype, op, divisor, op_name);
+      seg_->publish(Counter::Reduced, ++reduce);
+    }
+    while (gather < reduce && seg_->min(Counter::Reduced) > gather) {
+      const std::size_t n = len(gather);
+      for (int j = 0; j < L; ++j) {
+        const Range r = part(n, L, j, es);
+        std::memcpy(at(gather) + r.lo * es, seg_->slot(gather, j) + r.lo * es, r.size() * es);
+      }
+      seg_->publish(Counter::Gathered, ++gather);
+    }
+    if (copy + reduce + gather != done_before) {
+      since = std::chrono::steady_clock::now();
+    } else if (gather < end) {
+      seg_->wait_change(seen, lagging(copy, reduce, gather, end), op_name, since);
+    }
   }
-  const Range mine = part(n, L, t.local_rank, es);
-  char* out = seg_->slot(bs, t.local_rank) + mine.lo * es;
-  for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(bs, j) + mine.lo * es;
-  reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
-  if (t.num_hosts > 1) inter_host(out, mine.size(), dtype, op, divisor, name);
-  seg_->post(2 * s + 2);
-  seg_->wait_all(2 * s + 2, name);
-  for (int j = 0; j < L; ++j) {
-    const Range r = part(n, L, j, es);
-    std::memcpy(data + r.lo * es, seg_->slot(bs, j) + r.lo * es, r.size() * es);
+  chunks_ = end;
+}
+
+// The local ranks this rank is waiting for: those behind in the earliest
+// blocked stage (a rank that never posted also holds up every later stage).
+std::vector<int> Comm::lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end) const {
+  std::vector<int> stage[3];
+  for (int j = 0; j < seg_->local_size(); ++j) {
+    if (j == job_.topo.local_rank) continue;
+    if (reduce < copy && seg_->get(Counter::Posted, j) <= reduce) stage[0].push_back(j);
+    if (gather < reduce && seg_->get(Counter::Reduced, j) <= gather) stage[1].push_back(j);
+    if (copy < end && seg_->get(Counter::Gathered, j) + HostSegment::kDepth <= copy)
+      stage[2].push_back(j);
   }
+  for (auto& s : stage)
+    if (!s.empty()) return s;
+  return {};
 }
 
 void Comm::inter_host(char* slice, std::size_t m, DType dtype, ReduceOp op, int divisor,

@@ -30,14 +30,14 @@ class Comm {
   void abort(const Error& error);
 
  private:
-  void chunk(char* data, std::size_t count, DType dtype, ReduceOp op, const std::string& name);
+  std::vector<int> lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end) const;
   void inter_host(char* slice, std::size_t count, DType dtype, ReduceOp op, int divisor,
                   const std::string& name);
 
   Config cfg_;
   Job job_;
   std::unique_ptr<HostSegment> seg_;
-  uint64_t step_ = 0;
+  uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin
   std::vector<char> scratch_;
 };
 

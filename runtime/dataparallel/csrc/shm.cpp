@@ -13,7 +13,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <new>
 #include <thread>
@@ -61,7 +63,7 @@ std::string join(const std::vector<int>& ranks) {
 }  // namespace
 
 struct alignas(64) RankState {
-  std::atomic<uint64_t> seq;
+  std::atomic<uint64_t> counter[3];
 };
 
 struct HostSegment::Control {
@@ -93,7 +95,7 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
   spin_ = (cores == 0 || (unsigned)local_size <= cores) ? 20000 : 50;
   if (const char* v = std::getenv("SHOAL_SPIN")) spin_ = std::atoi(v);
   const std::size_t ctl_bytes = (sizeof(Control) + 4095) & ~std::size_t(4095);
-  map_bytes_ = ctl_bytes + 2 * (std::size_t)local_size * slot_bytes_;
+  map_bytes_ = ctl_bytes + kDepth * (std::size_t)local_size * slot_bytes_;
   int fd;
   if (create) {
     shm_unlink(name_.c_str());  // a stale segment of a crashed run with the same job id
@@ -122,7 +124,8 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
     ctl_->local_size = (uint32_t)local_size;
     ctl_->slot_bytes = slot_bytes_;
     ctl_->abort_rank.store(-1);
-    for (int i = 0; i < kMaxLocal; ++i) ctl_->ranks[i].seq.store(0);
+    for (int i = 0; i < kMaxLocal; ++i)
+      for (auto& c : ctl_->ranks[i].counter) c.store(0);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     ctl_->magic = kMagic;
   } else if (ctl_->magic != kMagic || ctl_->local_size != (uint32_t)local_size ||
@@ -139,21 +142,28 @@ HostSegment::~HostSegment() {
 
 void HostSegment::unlink() { shm_unlink(name_.c_str()); }
 
-char* HostSegment::slot(int bufset, int local_rank) const {
-  return data_ + ((std::size_t)bufset * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
+char* HostSegment::slot(uint64_t chunk, int local_rank) const {
+  const std::size_t set = (std::size_t)(chunk % kDepth);
+  return data_ + (set * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
 }
 
-void HostSegment::post(uint64_t value) {
-  ctl_->ranks[local_rank_].seq.store(value);
+void HostSegment::publish(Counter which, uint64_t value) {
+  ctl_->ranks[local_rank_].counter[(int)which].store(value);
   ctl_->futex_word.fetch_add(1);
   if (ctl_->waiters.load() > 0) futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
-bool HostSegment::arrived(uint64_t target) const {
-  for (std::size_t i = 0; i < peers_.size(); ++i)
-    if (ctl_->ranks[i].seq.load(std::memory_order_acquire) < target) return false;
-  return true;
+uint64_t HostSegment::get(Counter which, int local_rank) const {
+  return ctl_->ranks[local_rank].counter[(int)which].load(std::memory_order_acquire);
 }
+
+uint64_t HostSegment::min(Counter which) const {
+  uint64_t m = UINT64_MAX;
+  for (std::size_t i = 0; i < peers_.size(); ++i) m = std::min(m, get(which, (int)i));
+  return m;
+}
+
+uint32_t HostSegment::version() const { return ctl_->futex_word.load(); }
 
 void HostSegment::check_abort() const {
   const int who = ctl_->abort_rank.load();
@@ -179,9 +189,8 @@ void HostSegment::abort(const Error& error) {
   futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
-void HostSegment::check_liveness(uint64_t target, const std::string& op) const {
-  for (std::size_t i = 0; i < peers_.size(); ++i) {
-    if (ctl_->ranks[i].seq.load() >= target) continue;
+void HostSegment::check_liveness(const std::vector<int>& lagging, const std::string& op) const {
+  for (int i : lagging) {
     if (process_gone(peers_[i].pid)) {
       const int r = peers_[i].global_rank;
       throw Error(Error::Kind::PeerLost,
@@ -192,45 +201,39 @@ void HostSegment::check_liveness(uint64_t target, const std::string& op) const {
   }
 }
 
-void HostSegment::wait_all(uint64_t target, const std::string& op) {
+void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
+                              const std::string& op, std::chrono::steady_clock::time_point since) {
   for (int i = 0; i < spin_; ++i) {
-    if (arrived(target)) return;
+    if (ctl_->futex_word.load(std::memory_order_acquire) != seen) return;
     cpu_relax();
   }
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  auto last_check = start;
-  int yields = 0;
-  for (;;) {
-    const uint32_t word = ctl_->futex_word.load();
-    if (arrived(target)) return;
-    check_abort();
-    if (yields < 16) {
-      ++yields;
-      std::this_thread::yield();
-      continue;
-    }
-    ctl_->waiters.fetch_add(1);
-    if (!arrived(target)) {
-      timespec ts{0, 20 * 1000 * 1000};
-      futex(&ctl_->futex_word, FUTEX_WAIT, word, &ts);
-    }
-    ctl_->waiters.fetch_sub(1);
-    const auto now = clock::now();
-    if (now - last_check > std::chrono::milliseconds(200)) {
-      last_check = now;
-      check_liveness(target, op);
-    }
-    if (now - start > std::chrono::milliseconds(timeout_ms_)) {
-      if (arrived(target)) return;
-      std::vector<int> missing;
-      for (std::size_t i = 0; i < peers_.size(); ++i)
-        if (ctl_->ranks[i].seq.load() < target) missing.push_back(peers_[i].global_rank);
-      throw Error(Error::Kind::Timeout,
-                  op + " timed out after " + std::to_string(timeout_ms_ / 1000) +
-                      "s waiting for ranks [" + join(missing) + "] (SHOAL_COLLECTIVE_TIMEOUT)",
-                  missing);
-    }
+  check_abort();
+  // A few yields before sleeping: on a shared core the peer may be runnable.
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::yield();
+    if (ctl_->futex_word.load() != seen) return;
+  }
+  ctl_->waiters.fetch_add(1);
+  if (ctl_->futex_word.load() == seen) {
+    timespec ts{0, 20 * 1000 * 1000};
+    futex(&ctl_->futex_word, FUTEX_WAIT, seen, &ts);
+  }
+  ctl_->waiters.fetch_sub(1);
+  check_abort();
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_liveness_ > std::chrono::milliseconds(200)) {
+    last_liveness_ = now;
+    check_liveness(lagging, op);
+  }
+  if (now - since > std::chrono::milliseconds(timeout_ms_)) {
+    std::vector<int> missing;
+    for (int i : lagging) missing.push_back(peers_[i].global_rank);
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", timeout_ms_ / 1000.0);
+    throw Error(Error::Kind::Timeout,
+                op + " timed out after " + secs + "s waiting for ranks [" + join(missing) +
+                    "] (SHOAL_COLLECTIVE_TIMEOUT)",
+                missing);
   }
 }
 

@@ -1,8 +1,10 @@
-// The host's shared segment: per-rank slots that every local rank can read,
-// progress counters, and the blocking wait on them (spin briefly, then futex).
+// The host's shared segment: rings of per-rank slots that every local rank can
+// read, per-rank progress counters, and the blocking wait for a peer's
+// progress (spin briefly, then futex on shared memory).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,8 +19,13 @@ struct LocalPeer {
   int pid;
 };
 
+// Progress counters, in chunks since init, one set per local rank.
+enum class Counter { Posted = 0, Reduced = 1, Gathered = 2 };
+
 class HostSegment {
  public:
+  static constexpr int kDepth = 8;  // slot sets: how far a rank may run ahead
+
   // Local rank 0 creates (create=true) before the others open.
   HostSegment(const std::string& name, bool create, int local_rank,
               std::vector<LocalPeer> peers, std::size_t slot_bytes, int timeout_ms);
@@ -29,21 +36,29 @@ class HostSegment {
   // Removes the name once every local rank has mapped it: nothing leaks if a rank dies.
   void unlink();
   std::size_t slot_bytes() const { return slot_bytes_; }
-  char* slot(int bufset, int local_rank) const;
-  // Publishes this rank's progress counter and wakes waiters.
-  void post(uint64_t value);
-  // Blocks until every local rank's counter reached `target`. Throws Timeout
-  // (naming the ranks that did not arrive), PeerLost (a waited-for process is
-  // gone) or the error another local rank published with abort().
-  void wait_all(uint64_t target, const std::string& op);
+  int local_size() const { return (int)peers_.size(); }
+  int global_rank(int local) const { return peers_[local].global_rank; }
+  // The slot of `local_rank` for chunk number `chunk`.
+  char* slot(uint64_t chunk, int local_rank) const;
+  // Publishes one of this rank's counters and wakes waiters.
+  void publish(Counter which, uint64_t value);
+  uint64_t get(Counter which, int local_rank) const;
+  uint64_t min(Counter which) const;
+  // Changes whenever any local rank publishes: read it before deciding to wait.
+  uint32_t version() const;
+  // Blocks until the version differs from `seen` or a poll interval passed.
+  // Throws PeerLost if one of `lagging` (local ranks being waited for) is
+  // gone, Timeout naming them once `since` is older than the timeout, or the
+  // error another local rank published with abort().
+  void wait_change(uint32_t seen, const std::vector<int>& lagging, const std::string& op,
+                   std::chrono::steady_clock::time_point since);
   // Tells the other local ranks that this rank failed, so they fail at once too.
   void abort(const Error& error);
   void check_abort() const;
 
  private:
   struct Control;
-  bool arrived(uint64_t target) const;
-  void check_liveness(uint64_t target, const std::string& op) const;
+  void check_liveness(const std::vector<int>& lagging, const std::string& op) const;
 
   std::string name_;
   int local_rank_;
@@ -55,6 +70,7 @@ class HostSegment {
   char* base_ = nullptr;
   Control* ctl_ = nullptr;
   char* data_ = nullptr;
+  std::chrono::steady_clock::time_point last_liveness_{};
 };
 
 }  // namespace shoal

@@ -178,18 +178,15 @@ class Completer {
     }
   }
 
-  // Waits for a handle without cutting the open fusion buffer (see above):
-  // spin briefly, then sleep with a backoff up to 1 ms, yielding the core to
-  // ranks that share it.
+  // Waits for a handle without cutting the open fusion buffer (see above). It
+  // sleeps between polls, with a backoff from 20 us to 500 us, rather than
+  // spinning or yielding: the cores belong to the ranks' compute and to the
+  // core's own worker, and a yield on a busy machine can cost a time slice.
   static void await(const shoal::WorkPtr& handle) {
     auto pause = std::chrono::microseconds(20);
-    for (int spins = 0; !handle->test(); ++spins) {
-      if (spins < 64) {
-        std::this_thread::yield();
-        continue;
-      }
+    while (!handle->test()) {
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      pause = std::min(pause * 2, std::chrono::microseconds(500));
     }
     handle->wait();  // already done: returns, or rethrows the operation's error
   }

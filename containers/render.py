@@ -76,8 +76,9 @@ class BuildOptions:
 
     @property
     def local_name(self) -> str:
-        """The image's name in the local store: the repository and tag it is pushed as."""
-        return f"localhost/{self.spec.repository()}:{self.spec.tag(self.processor)}"
+        """The image's name in the local store (buildah files it under localhost/): the
+        repository and tag it is pushed as, and the name local-mode jobs run."""
+        return f"{self.spec.repository()}:{self.spec.tag(self.processor)}"
 
 
 @functools.lru_cache(maxsize=1)

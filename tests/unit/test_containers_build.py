@@ -71,7 +71,7 @@ def test_build_image_writes_the_context_and_runs_the_builder(monkeypatch, tmp_pa
     monkeypatch.setattr(builders, "run", fake_run)
     options = render.BuildOptions("tensorflow", "2.11", "cpu", base="localhost/b:1", python="3")
     name = builders.build_image(options, source_root=REPO, builder="buildah", buildah=VFS)
-    assert name == "localhost/shoal-tensorflow-training:2.11.0-cpu-py39"
+    assert name == "shoal-tensorflow-training:2.11.0-cpu-py39"
     assert seen["argv"][seen["argv"].index("--tag") + 1] == name
     assert seen["dockerfile"] == render.render_dockerfile(options)
     assert seen["has_setup"]
@@ -82,3 +82,10 @@ def test_a_failing_builder_command_is_a_build_error():
         builders.run(["sh", "-c", "exit 3"])
     with pytest.raises(BuildError, match="cannot run"):
         builders.run(["/nonexistent/shoal-builder"])
+
+
+def test_local_name_is_the_one_local_mode_jobs_run():
+    from shoal.image_uris import local_image_name
+
+    options = render.BuildOptions("pytorch", "1.13", "cpu")
+    assert options.local_name == local_image_name("pytorch", "1.13", None, "local")

@@ -34,7 +34,7 @@ def test_build_passes_the_options_through(monkeypatch, tmp_path):
                     "--no-framework", "--ca-certificate", str(cert), "--source", str(tmp_path),
                     "--builder", "buildah")
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == "localhost/shoal-tensorflow-training:2.11.0-cpu-py39"
+    assert result.output.strip() == "shoal-tensorflow-training:2.11.0-cpu-py39"
     options = seen["options"]
     assert options.install_framework is False and options.ca_certificates == (cert,)
     assert seen["source"] == tmp_path and seen["builder"] == "buildah"
@@ -59,7 +59,7 @@ def test_push_to_a_local_layout(monkeypatch, tmp_path):
                     "--dest", f"oci:{tmp_path}", "--builder", "buildah")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"oci:{tmp_path}:1.12.1-cpu-py38"
-    assert ran[0][-2:] == ["localhost/shoal-pytorch-training:1.12.1-cpu-py38",
+    assert ran[0][-2:] == ["shoal-pytorch-training:1.12.1-cpu-py38",
                            f"oci:{tmp_path}:1.12.1-cpu-py38"]
 
 

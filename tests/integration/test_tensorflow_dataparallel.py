@@ -169,7 +169,9 @@ def check_allreduce(sdp, tf, rank, world) -> int:
                           for r in range(world)]
                 tensor = tf.cast(inputs[rank], dtype)
                 want = expected(inputs, dtype, op, world)
-                for run in (lambda t, o: sdp.allreduce(t, 0, 1, op=o), in_graph):
+                eager = lambda t, o: sdp.allreduce(t, 0, 1, op=o)  # noqa: E731
+                # Each graph case costs a trace: one size is enough there.
+                for run in (eager, in_graph) if n == 7 else (eager,):
                     got = run(tensor, getattr(sdp.ReduceOp, op))
                     assert got.dtype == tensor.dtype and got.shape == tensor.shape, (dtype, op, got)
                     tol = tolerance(dtype, world)

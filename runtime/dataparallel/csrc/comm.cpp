@@ -94,7 +94,8 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   const uint64_t g0 = chunks_, end = g0 + (count + per_chunk - 1) / per_chunk;
   // Averages divide once, at the stage that completes the sum.
   const int divisor = op == ReduceOp::Average ? t.size : 1;
-  const bool whole = t.num_hosts == 1 && (L <= 2 || count * es <= cfg_.small_bytes);
+  const bool small = count * es <= cfg_.small_bytes;
+  const bool whole = small || (t.num_hosts == 1 && L <= 2);
   char* base = static_cast<char*>(data);
   auto at = [&](uint64_t g) { return base + (g - g0) * per_chunk * es; };
   auto len = [&](uint64_t g) { return std::min(per_chunk, count - (g - g0) * per_chunk); };
@@ -114,10 +115,13 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
       const std::size_t n = len(reduce);
       if (whole) {
         for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(reduce, j);
-        reduce_into(dtype, op, at(reduce), srcs.data(), L, n, divisor);
+        reduce_into(dtype, op, at(reduce), srcs.data(), L, n, t.num_hosts == 1 ? divisor : 1);
         ++reduce;
         gather = reduce;
         seg_->publish(Counter::Gathered, gather);
+        // Small messages across hosts: every local rank exchanges the whole
+        // host sum with its peers (one round trip, no second local handshake).
+        if (t.num_hosts > 1) exchange_whole(at(reduce - 1), n, dtype, op, divisor, op_name);
         continue;
       }
       const Range mine = part(n, L, me, es);
@@ -158,6 +162,25 @@ std::vector<int> Comm::lagging(uint64_t copy, uint64_t reduce, uint64_t gather, 
   for (auto& s : stage)
     if (!s.empty()) return s;
   return {};
+}
+
+void Comm::exchange_whole(char* buf, std::size_t n, DType dtype, ReduceOp op, int divisor,
+                          const std::string& name) {
+  const Topology& t = job_.topo;
+  const int H = t.num_hosts, me = t.host_index;
+  const std::size_t bytes = n * dtype_size(dtype);
+  if (scratch_.size() < bytes * H) scratch_.resize(bytes * H);
+  std::vector<net::Transfer> xfer;
+  std::vector<const void*> srcs(H);
+  for (int h = 0; h < H; ++h) {
+    srcs[h] = h == me ? static_cast<const void*>(buf) : scratch_.data() + h * bytes;
+    if (h == me) continue;
+    const int peer = job_.host_ranks[h][t.local_rank];
+    xfer.push_back({job_.mesh[h], buf, bytes, true, peer});
+    xfer.push_back({job_.mesh[h], scratch_.data() + h * bytes, bytes, false, peer});
+  }
+  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); });
+  reduce_into(dtype, op, buf, srcs.data(), H, n, divisor);
 }
 
 void Comm::inter_host(char* slice, std::size_t m, DType dtype, ReduceOp op, int divisor,

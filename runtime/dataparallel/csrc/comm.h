@@ -31,6 +31,8 @@ class Comm {
 
  private:
   std::vector<int> lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end) const;
+  void exchange_whole(char* buf, std::size_t count, DType dtype, ReduceOp op, int divisor,
+                      const std::string& name);
   void inter_host(char* slice, std::size_t count, DType dtype, ReduceOp op, int divisor,
                   const std::string& name);
 

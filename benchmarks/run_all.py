@@ -1,0 +1,50 @@
+"""Runs every benchmark under mpirun and prints its table (``make benchmarks``).
+
+    .venv/bin/python benchmarks/run_all.py [--rounds N] [--sizes 4K,1M,64M]
+
+Configurations: 2 ranks on one host, and 2 simulated hosts x 2 ranks (Shoal
+groups ranks by SHOAL_HOST, so its inter-host path runs over TCP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+
+
+def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
+    script = [sys.executable, str(HERE / "allreduce.py"), *extra]
+    two_hosts = (
+        "SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/2)) exec " + " ".join(shlex.quote(a) for a in script)
+    )
+    return [
+        ("allreduce, 1 host x 2 ranks", [*MPIRUN, "-np", "2", *script]),
+        ("allreduce, 2 simulated hosts x 2 ranks", [*MPIRUN, "-np", "4", "bash", "-c", two_hosts]),
+    ]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", default="5")
+    parser.add_argument("--sizes", default=None, help="passed to allreduce.py")
+    args = parser.parse_args(argv)
+    if shutil.which("mpirun") is None:
+        print("mpirun (Open MPI) is not installed", file=sys.stderr)
+        return 1
+    extra = ["--rounds", args.rounds] + (["--sizes", args.sizes] if args.sizes else [])
+    failed = 0
+    for title, argv_ in configurations(extra):
+        print(f"== {title}\n$ {' '.join(shlex.quote(a) for a in argv_)}", flush=True)
+        failed += subprocess.run(argv_).returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 RANK_SCRIPT = """
 import json, os, sys
-print("script started", flush=True)
+sys.stdout.write("script started\\n")
+sys.stdout.flush()
 out = os.environ["SM_MODEL_DIR"]
 info = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                        "SHOAL_HOST", "SM_CURRENT_HOST")}

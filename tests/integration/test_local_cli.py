@@ -20,7 +20,9 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 
 SCRIPT = """
 import os, sys, time
-print("script started on", os.environ["SM_CURRENT_HOST"], flush=True)
+# One write per line: ranks share mpirun's output, and PYTHONUNBUFFERED splits a print().
+sys.stdout.write("script started on %s\\n" % os.environ["SM_CURRENT_HOST"])
+sys.stdout.flush()
 if os.environ.get("BOOM"):
     raise RuntimeError("boom: the data is bad")
 if os.environ.get("SLEEP"):
@@ -114,7 +116,9 @@ def test_ctrl_c_or_sigterm_stops_the_job_and_leaves_no_process(project, sig):
     deadline = time.monotonic() + 60
     while not (job_dir / "logs.txt").exists() or \
             "script started" not in (job_dir / "logs.txt").read_text():
-        assert time.monotonic() < deadline and proc.poll() is None
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.communicate()[1][-3000:])
         time.sleep(0.2)
     assert leftovers(job_dir)
     proc.send_signal(sig)

@@ -8,7 +8,6 @@ and SIGKILL after a grace period.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -25,8 +24,8 @@ def spawn_runner(job_dir: Path, log_file: Path) -> psutil.Process:
         child = subprocess.Popen(
             [sys.executable, "-u", "-m", "shoal.local.runner", str(job_dir)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C in the terminal reaches us, not the job directly
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Ctrl-C in the terminal reaches the follower, which stops the job as a whole.
+            start_new_session=True,
         )
     return psutil.Process(child.pid)
 

@@ -222,6 +222,20 @@ def check_grouped_and_sparse(sdp, tf, rank, world) -> int:
     return 3
 
 
+def check_gradient_of_allreduce(sdp, tf, rank, world) -> int:
+    """Rank r's loss is (r + 1) * sum(allreduce(x)): the job's gradient reaches every x."""
+    x = tf.Variable(np.full(3, float(rank), np.float32))
+    cases = 0
+    for op, scale in ((sdp.ReduceOp.SUM, 1.0), (sdp.ReduceOp.AVERAGE, 1.0 / world)):
+        with tf.GradientTape() as tape:
+            loss = (rank + 1) * tf.reduce_sum(sdp.allreduce(x, 0, 1, op=op))
+        grad = tape.gradient(loss, x).numpy()
+        want = scale * world * (world + 1) / 2
+        np.testing.assert_allclose(grad, np.full(3, want, np.float32), rtol=1e-6)
+        cases += 1
+    return cases
+
+
 def check_broadcast(sdp, tf, rank, world) -> int:
     cases = 0
     for root in range(world):
@@ -329,6 +343,7 @@ def worker() -> None:
     cases += check_compression(sdp, tf, rank, world)
     cases += check_grouped_and_sparse(sdp, tf, rank, world)
     cases += check_broadcast(sdp, tf, rank, world)
+    cases += check_gradient_of_allreduce(sdp, tf, rank, world)
     print(f"rank {rank}: {cases} collectives ok", flush=True)
     check_tape_training(sdp, tf, keras, rank, world)
     check_keras_fit(sdp, tf, keras, rank, world)

@@ -140,3 +140,22 @@ def test_indexed_slices_are_gathered_and_keep_their_dense_shape(sdp):
 def test_overlap_is_the_identity(sdp):
     value = tf.constant([1.5, 2.5])
     assert sdp.overlap(value).numpy().tolist() == [1.5, 2.5]
+
+
+def test_sum_and_average_pass_gradients_back_min_and_max_do_not(sdp):
+    x = tf.Variable([1.0, 2.0])
+    for op, want in ((sdp.ReduceOp.SUM, [3.0, 3.0]), (sdp.ReduceOp.AVERAGE, [3.0, 3.0])):
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(sdp.allreduce(x, 0, 1, op=op) * 3.0)
+        assert tape.gradient(y, x).numpy().tolist() == want
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(sdp.oob_allreduce(x, op=sdp.ReduceOp.MAX))
+    assert tape.gradient(y, x) is None
+
+    @tf.function
+    def in_graph():
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(sdp.grouped_allreduce([x, x * 2.0], op=sdp.ReduceOp.SUM)[1])
+        return tape.gradient(y, x)
+
+    assert in_graph().numpy().tolist() == [2.0, 2.0]

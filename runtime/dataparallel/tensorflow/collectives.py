@@ -62,12 +62,35 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp | None = ReduceOp.AVERAGE,
     for tensor in sent:
         _check_reducible(tensor)
 
+    reduced = _differentiable_reduce(list(sent), op, bucket_bytes)
+    return [compression.decompress(r, ctx) for r, ctx in zip(reduced, contexts)]
+
+
+def _reduce_op(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None) -> list[tf.Tensor]:
     def reduce(*arrays):
         return wire.reduce_arrays(arrays, op.value, bucket_bytes)
 
-    reduced = tf.numpy_function(reduce, list(sent), [t.dtype for t in sent], name="ShoalAllreduce")
-    reduced = _with_shapes(reduced, sent)
-    return [compression.decompress(r, ctx) for r, ctx in zip(reduced, contexts)]
+    reduced = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], name="ShoalAllreduce")
+    return _with_shapes(reduced, tensors)
+
+
+def _differentiable_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None):
+    """The reduction, with its gradient: a sum or average across ranks passes the same
+    reduction of the upstream gradients back (the job's loss is the sum of the ranks')."""
+
+    @tf.custom_gradient
+    def reduce_with_gradient(*inputs):
+        outputs = _reduce_op(list(inputs), op, bucket_bytes)
+
+        def gradient(*upstream):
+            if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+                return [None] * len(inputs)
+            upstream = [tf.zeros_like(y) if d is None else d for d, y in zip(upstream, outputs)]
+            return _reduce_op(upstream, op, bucket_bytes)
+
+        return outputs, gradient
+
+    return list(reduce_with_gradient(*tensors))
 
 
 def allreduce(tensor, param_index: int, num_params: int, compression=Compression.none,

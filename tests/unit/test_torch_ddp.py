@@ -135,3 +135,11 @@ def test_async_op_returns_a_handle(world_of_one):
     assert handle.wait()
     assert handle.is_completed()
     assert sdist.barrier() is None
+
+
+def test_local_view_without_a_core(world_of_one, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    sdist.init_process_group()  # already initialized by torch: adopts the group
+    assert sdist.group.WORLD is torch_dist.group.WORLD
+    assert (sdist.get_local_rank(), sdist.get_local_size()) == (0, 1)

@@ -58,7 +58,7 @@ class group:  # noqa: N801 - the closed library's name
     WORLD = None
 
 
-_local = {"rank": 0, "size": 1}
+_local: dict[str, int] = {}  # this host's view, from the core's grouping of ranks
 
 
 def is_available() -> bool:
@@ -72,9 +72,11 @@ def init_process_group(*args, backend: str = BACKEND_NAME, timeout=None, **kwarg
     Positional and other keyword arguments are accepted for parity and ignored, as in the
     closed library; ``backend`` exists so the same script can be compared against gloo.
     """
-    if torch_dist.is_initialized():
-        return
     env = environment.from_environ(os.environ)
+    if torch_dist.is_initialized():  # by an earlier call, or by torch.distributed directly
+        group.WORLD = torch_dist.group.WORLD
+        _local.clear()
+        return
     register_backend()
     if timeout is None:
         timeout = rendezvous.collective_timeout(os.environ)
@@ -85,7 +87,7 @@ def init_process_group(*args, backend: str = BACKEND_NAME, timeout=None, **kwarg
         backend=backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
     )
     group.WORLD = torch_dist.group.WORLD
-    _local["rank"], _local["size"] = rendezvous.local_placement(env)
+    _local.clear()
 
 
 def is_initialized() -> bool:
@@ -164,16 +166,22 @@ def get_world_size(group=None) -> int:  # noqa: A002
     return torch_dist.get_world_size(_world(group))
 
 
+def _local_placement() -> dict[str, int]:
+    _require_initialized()
+    if not _local:
+        env = environment.from_environ(os.environ)
+        _local["rank"], _local["size"] = rendezvous.local_placement(env)
+    return _local
+
+
 def get_local_rank() -> int:
     """This process's rank among the processes on its host."""
-    _require_initialized()
-    return _local["rank"]
+    return _local_placement()["rank"]
 
 
 def get_local_size() -> int:
     """The number of processes on this process's host."""
-    _require_initialized()
-    return _local["size"]
+    return _local_placement()["size"]
 
 
 @_collective
@@ -220,3 +228,4 @@ def destroy_process_group() -> None:
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
     group.WORLD = None
+    _local.clear()

@@ -40,8 +40,11 @@ def main():
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.003)
-    parser.add_argument("--model-dir", type=str, default=os.environ.get("SM_MODEL_DIR", "model"))
+    parser.add_argument("--sm-model-dir", type=str, default=os.environ.get("SM_MODEL_DIR", "model"))
     parser.add_argument("--train", type=str, default=os.environ.get("SM_CHANNEL_TRAIN"))
+    # The TensorFlow estimator passes --model_dir (where TF may write checkpoints); the final
+    # model goes to SM_MODEL_DIR, which SageMaker uploads as model.tar.gz.
+    parser.add_argument("--model_dir", type=str)
     args = parser.parse_args()
 
     if sdp.rank() == 0:
@@ -86,9 +89,9 @@ def main():
         logits = model(x_test.astype("float32"), training=False)
         accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
         print(f"held-out accuracy {accuracy:.4f}")
-        os.makedirs(args.model_dir, exist_ok=True)
-        model.save_weights(os.path.join(args.model_dir, "model.weights.h5"))
-        with open(os.path.join(args.model_dir, "metrics.json"), "w") as f:
+        os.makedirs(args.sm_model_dir, exist_ok=True)
+        model.save_weights(os.path.join(args.sm_model_dir, "model.weights.h5"))
+        with open(os.path.join(args.sm_model_dir, "metrics.json"), "w") as f:
             json.dump({"accuracy": accuracy}, f)
 
 

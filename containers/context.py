@@ -8,6 +8,7 @@ no secret, VCS data or host path can reach the image.
 
 from __future__ import annotations
 
+import configparser
 import fnmatch
 import os
 import shutil
@@ -62,6 +63,17 @@ def source_files(source_root: Path) -> list[Path]:
     return sorted(found)
 
 
+def requirements(setup_cfg: str, extras: tuple[str, ...] = ("mpi",)) -> str:
+    """Shoal's dependencies (``install_requires`` and the ``extras``) as a requirements file:
+    the image builds and installs them in layers of their own, cached until they change."""
+    config = configparser.ConfigParser()
+    config.read_string(setup_cfg)
+    lines = config.get("options", "install_requires", fallback="").splitlines()
+    for extra in extras:
+        lines += config.get("options.extras_require", extra, fallback="").splitlines()
+    return "".join(f"{line.strip()}\n" for line in lines if line.strip())
+
+
 def write_context(dest: Path, dockerfile: str, source_root: Path,
                   ca_certificates: tuple[Path, ...] = ()) -> Path:
     """Write the context into ``dest`` (created, must be empty) and return it; extra CA
@@ -70,11 +82,13 @@ def write_context(dest: Path, dockerfile: str, source_root: Path,
     if dest.exists() and any(dest.iterdir()):
         raise BuildError(f"build context directory {dest} is not empty")
     files = source_files(source_root)
-    if Path("setup.py") not in files:
-        raise BuildError(f"{source_root} is not a Shoal source tree (no setup.py)")
+    if Path("setup.py") not in files or Path("setup.cfg") not in files:
+        raise BuildError(f"{source_root} is not a Shoal source tree (no setup.py, setup.cfg)")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "Dockerfile").write_text(dockerfile)
     (dest / ".dockerignore").write_text(DOCKERIGNORE)
+    (dest / "requirements.txt").write_text(
+        requirements((Path(source_root) / "setup.cfg").read_text()))
     if ca_certificates:
         (dest / "certs").mkdir()
     for cert in ca_certificates:

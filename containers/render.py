@@ -20,7 +20,6 @@ VENV = "/opt/shoal/venv"
 MPI_PREFIX = "/opt/amazon/openmpi"
 EFA_PREFIX = "/opt/amazon/efa"
 SSH_PORT = 22
-RUNTIME_EXTRAS = "[mpi]"
 
 
 def _shoal_version() -> str:
@@ -154,8 +153,10 @@ def template_context(options: BuildOptions) -> dict:
                        else "/etc/openmpi/openmpi-mca-params.conf"),
         "ssh_port": SSH_PORT,
         "ca_certificates": [path.name for path in options.ca_certificates],
-        "runtime_extras": RUNTIME_EXTRAS,
         "build_src": "/opt/shoal/src",
+        # The CUDA 11 era frameworks are built against NumPy 1: keep Shoal's deps there too.
+        "runtime_pins": ["numpy<2"] if options.install_framework else [],
+        "deps": "/opt/shoal/deps",
         "wheels": "/opt/shoal/wheels",
         "build_lib": "/opt/shoal/lib",
         "gpu_packages": [

@@ -29,7 +29,7 @@ def planted(tmp_path, monkeypatch):
     src = tmp_path / "checkout"
     for rel in ("setup.py", "setup.cfg", "pyproject.toml", "README.md"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(f"# {rel}\n")
+        (src / rel).write_text(f"# {rel}\n" if rel != "setup.cfg" else "[options]\n")
     code = src / "sdk" / "shoal"
     code.mkdir(parents=True)
     (code / "__init__.py").write_text('"""shoal"""\n')
@@ -67,7 +67,7 @@ def test_context_holds_dockerfile_dockerignore_and_only_allowed_sources(planted,
     src, _ = planted
     ctx = context.write_context(tmp_path / "ctx", "FROM scratch\n", src)
     files = sorted(str(p.relative_to(ctx)) for p, _ in all_bytes(ctx))
-    assert files == [".dockerignore", "Dockerfile", "src/README.md", "src/pyproject.toml",
+    assert files == [".dockerignore", "Dockerfile", "requirements.txt", "src/README.md", "src/pyproject.toml",
                      "src/runtime/launcher/entrypoint.py", "src/sdk/shoal/__init__.py",
                      "src/setup.cfg", "src/setup.py"]
 
@@ -130,3 +130,19 @@ def test_refuses_a_non_empty_destination_or_a_tree_without_setup_py(planted, tmp
 ])
 def test_exclusion_rules(name, excluded):
     assert context.is_excluded(name) is excluded
+
+
+def test_requirements_come_from_setup_cfg_with_the_mpi_extra(tmp_path):
+    text = context.requirements(
+        "[options]\ninstall_requires =\n    boto3>=1.28\n    numpy>=1.24\n"
+        "[options.extras_require]\nmpi = mpi4py>=3.1\ntorch = torch==2.13.0\n")
+    assert text == "boto3>=1.28\nnumpy>=1.24\nmpi4py>=3.1\n"
+
+
+def test_real_requirements_match_the_package_metadata():
+    from importlib import metadata
+
+    wanted = context.requirements((REPO / "setup.cfg").read_text()).splitlines()
+    declared = metadata.requires("shoal")
+    for line in wanted:
+        assert any(req.replace(" ", "").startswith(line) for req in declared), line

@@ -87,15 +87,29 @@ def test_cpu_images_use_the_distributions_open_mpi_and_no_cuda(spec):
 def test_runtime_is_built_into_wheels_and_installed_offline_in_the_final_stage(spec, processor):
     text = render.render_dockerfile(options(spec, processor))
     builder, final = stage_body(text, "builder"), stage_body(text, "final")
-    assert "COPY src /opt/shoal/src" in builder
-    assert 'pip wheel --no-cache-dir --wheel-dir /opt/shoal/wheels "/opt/shoal/src[mpi]"' in builder
+    # Dependencies first (their own cached layer), then Shoal from the copied source tree.
+    deps = builder.index("--wheel-dir /opt/shoal/deps -r /opt/shoal/requirements.txt")
+    assert builder.index("COPY requirements.txt") < deps < builder.index("COPY src /opt/shoal/src")
+    assert "pip wheel --no-cache-dir --no-deps --wheel-dir /opt/shoal/wheels /opt/shoal/src" in builder
     assert "libshoal_hostname.so" in builder and "shoal_hostname.c" in builder
-    # The final stage never sees the source tree, only the wheels, installed without an index.
+    # The final stage never sees the source tree, only wheels, installed without an index.
     assert "COPY src /opt" not in final
-    assert "COPY --from=builder /opt/shoal/wheels /opt/shoal/wheels" in final
-    assert '--no-index --find-links /opt/shoal/wheels "shoal[mpi]"' in final
+    assert "COPY --from=builder /opt/shoal/deps /opt/shoal/deps" in final
+    assert "--no-index --find-links /opt/shoal/deps -r /opt/shoal/requirements.txt" in final
+    assert "--no-index --no-deps /opt/shoal/wheels/shoal-*.whl" in final
+    assert "python -m pip check" in final
     assert "test -x /opt/shoal/venv/bin/train" in final
     assert "test -x /opt/shoal/venv/bin/shoal-rank" in final
+    # The framework goes in before Shoal's deps, which then keep to NumPy 1 like it.
+    assert final.index("--extra-index-url" if spec.framework == "pytorch" else "tensorflow") \
+        < final.index("/opt/shoal/deps")
+    assert '-r /opt/shoal/requirements.txt "numpy<2"' in final
+
+
+def test_runtime_only_images_do_not_pin_numpy():
+    text = render.render_dockerfile(render.BuildOptions("pytorch", "1.13.1", "cpu",
+                                                        install_framework=False))
+    assert "numpy<2" not in text
 
 
 @pytest.mark.parametrize("spec,processor", ALL, ids=IDS)

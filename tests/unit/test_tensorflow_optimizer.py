@@ -66,7 +66,7 @@ def test_keras_fit_reduces_every_step(sdp, peer, tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer=sdp.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     model.fit(np.ones((8, 3), np.float32), np.ones((8, 2), np.float32), batch_size=4, verbose=0)
-    assert len(peer) == 2 and peer[0][0] == 2  # kernel and bias, fused, per step
+    assert len(peer) == 2 and peer[0][0] == 1  # kernel and bias in one buffer, once per step
     # A saved model names the original optimizer: it loads without Shoal.
     path = tmp_path / "model.keras"
     model.save(path)

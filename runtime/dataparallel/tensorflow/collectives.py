@@ -2,9 +2,10 @@
 their grouped forms, usable eagerly and inside ``tf.function``.
 
 Each collective is one ``tf.numpy_function`` (a stateful op, so ``tf.function`` keeps the
-collectives in program order on every rank) over the numpy side in ``wire``. Grouped forms
-put many tensors into one op, so the core can fuse them. Graphs compiled with XLA
-(``jit_compile=True``) cannot hold these ops.
+collectives in program order on every rank) over the numpy side in ``wire``. Grouped
+reductions pack their tensors into one flat buffer per dtype (``fusion``) inside the graph,
+so that a model's many small gradients cost one op and a few collectives. Graphs compiled
+with XLA (``jit_compile=True``) cannot hold these ops.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 from shoal.errors import ValidationError
 
-from . import topology, wire
+from . import fusion, topology, wire
 from .compression import Compression, parse_compression
 from .reduce_op import ReduceOp, parse_op
 
@@ -62,8 +63,47 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp | None = ReduceOp.AVERAGE,
     for tensor in sent:
         _check_reducible(tensor)
 
-    reduced = _differentiable_reduce(list(sent), op, bucket_bytes)
+    reduced = _fused_reduce(list(sent), op, bucket_bytes)
     return [compression.decompress(r, ctx) for r, ctx in zip(reduced, contexts)]
+
+
+def _static_nbytes(tensor: tf.Tensor) -> int:
+    count = tensor.shape.num_elements()
+    return 0 if count is None else count * tensor.dtype.size
+
+
+def _flatten(tensors: list[tf.Tensor]) -> tf.Tensor:
+    flat = [tf.reshape(t, [-1]) for t in tensors]
+    return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
+
+
+def _unflatten(flat: tf.Tensor, like: list[tf.Tensor]) -> list[tf.Tensor]:
+    if len(like) == 1:
+        pieces = [flat]
+    elif all(t.shape.is_fully_defined() for t in like):
+        pieces = tf.split(flat, [t.shape.num_elements() for t in like])
+    else:
+        pieces = tf.split(flat, tf.stack([tf.size(t) for t in like]), num=len(like))
+    out = []
+    for piece, tensor in zip(pieces, like):
+        shape = tensor.shape if tensor.shape.is_fully_defined() else tf.shape(tensor)
+        piece = tf.reshape(piece, shape)
+        piece.set_shape(tensor.shape)
+        out.append(piece)
+    return out
+
+
+def _fused_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None) -> list[tf.Tensor]:
+    """One flat buffer per dtype (and bucket), all reduced by one op, cut back into tensors."""
+    buckets = fusion.plan_buckets([t.dtype.name for t in tensors],
+                                  [_static_nbytes(t) for t in tensors], bucket_bytes)
+    flats = [_flatten([tensors[i] for i in bucket]) for bucket in buckets]
+    reduced = _differentiable_reduce(flats, op, bucket_bytes)
+    out: list = [None] * len(tensors)
+    for bucket, flat in zip(buckets, reduced):
+        for index, piece in zip(bucket, _unflatten(flat, [tensors[i] for i in bucket])):
+            out[index] = piece
+    return out
 
 
 def _reduce_op(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None) -> list[tf.Tensor]:

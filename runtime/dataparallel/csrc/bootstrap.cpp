@@ -78,6 +78,7 @@ Config Config::from_env() {
   c.chunk_bytes = (std::size_t)env_int("SHOAL_SHM_CHUNK_BYTES", 256ll << 10, 4096, 1ll << 30);
   c.chunk_bytes &= ~std::size_t(63);
   c.small_bytes = (std::size_t)env_int("SHOAL_SMALL_BYTES", 64ll << 10, 0, 1ll << 30);
+  c.depth = (int)env_int("SHOAL_SHM_DEPTH", 64, 2, 4096);
   return c;
 }
 

@@ -22,6 +22,7 @@ struct Config {
   std::size_t fusion_bytes = 25u << 20;  // SHOAL_FUSION_THRESHOLD_BYTES
   std::size_t chunk_bytes = 256u << 10;  // SHOAL_SHM_CHUNK_BYTES: one slot (cache-sized)
   std::size_t small_bytes = 64u << 10;   // below: one handshake, no reduce-scatter
+  int depth = 64;                        // SHOAL_SHM_DEPTH: slot sets (run-ahead window)
 
   static Config from_env();
 };

@@ -11,9 +11,11 @@
 //      slice is split in one part per host, each host reduces its part in host
 //      order and sends it back;
 //   4. gather: every rank copies all reduced slices out.
-// The stages are pipelined over kDepth slot sets: a rank copies ahead while
-// its peers are still reducing, and only sleeps when no stage of any chunk can
-// proceed, so ranks sharing cores with others stay loosely coupled.
+// The stages are pipelined over SHOAL_SHM_DEPTH slot sets: a rank that would
+// wait for a peer copies further chunks ahead instead, and sleeps only when no
+// stage of any chunk can proceed. A rank that runs while its peers are
+// descheduled (ranks share cores with each other and with the framework)
+// thus does a window of work per wake-up instead of one chunk.
 // Fixed reduction orders make the bits independent of timing and identical on
 // every rank.
 #include "comm.h"
@@ -41,6 +43,9 @@ struct Range {
   std::size_t lo, hi;
   std::size_t size() const { return hi - lo; }
 };
+constexpr uint64_t kUnused = UINT64_MAX;
+constexpr int kHot = 4;
+
 Range part(std::size_t n, int parts, int index, std::size_t esize) {
   const std::size_t align = std::max<std::size_t>(1, 64 / esize);
   std::size_t per = (n + parts - 1) / parts;
@@ -62,11 +67,11 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
     for (int r : job_.host_ranks[t.host_index]) peers.push_back({r, job_.table[r].pid});
     const std::string name = shm_name(cfg_, epoch);
     if (t.local_rank == 0)
-      seg_ = std::make_unique<HostSegment>(name, true, 0, peers, cfg_.chunk_bytes, cfg_.timeout_ms);
+      seg_ = std::make_unique<HostSegment>(name, true, 0, peers, cfg_.chunk_bytes, cfg_.depth, cfg_.timeout_ms);
     job_.barrier(cfg_.timeout_ms);
     if (t.local_rank != 0)
       seg_ = std::make_unique<HostSegment>(name, false, t.local_rank, peers, cfg_.chunk_bytes,
-                                           cfg_.timeout_ms);
+                                           cfg_.depth, cfg_.timeout_ms);
     job_.barrier(cfg_.timeout_ms);
     if (t.local_rank == 0) seg_->unlink();
   } catch (...) {
@@ -97,66 +102,87 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   const bool small = count * es <= cfg_.small_bytes;
   const bool whole = small || (t.num_hosts == 1 && L <= 2);
   char* base = static_cast<char*>(data);
+  const Plan p = plan(g0, (std::size_t)(end - g0));
+  auto set = [&](uint64_t g) { return p.set[g - g0]; };
   auto at = [&](uint64_t g) { return base + (g - g0) * per_chunk * es; };
   auto len = [&](uint64_t g) { return std::min(per_chunk, count - (g - g0) * per_chunk); };
   std::vector<const void*> srcs(L);
   uint64_t copy = g0, reduce = g0, gather = g0;  // the next chunk of each stage
   auto since = std::chrono::steady_clock::now();
   const std::string op_name = name;
+  // Later stages first, so that a chunk is finished while it is still in cache;
+  // a rank copies ahead only while it would otherwise wait.
   while (gather < end) {
     const uint32_t seen = seg_->version();
-    const uint64_t done_before = copy + reduce + gather;
-    // A slot set is free once every rank gathered the chunk that used it last.
-    while (copy < end && seg_->min(Counter::Gathered) + HostSegment::kDepth > copy) {
-      std::memcpy(seg_->slot(copy, me), at(copy), len(copy) * es);
-      seg_->publish(Counter::Posted, ++copy);
-    }
-    while (reduce < copy && seg_->min(Counter::Posted) > reduce) {
+    if (gather < reduce && seg_->min(Counter::Reduced) > gather) {
+      const std::size_t n = len(gather);
+      for (int j = 0; j < L; ++j) {
+        const Range r = part(n, L, j, es);
+        std::memcpy(at(gather) + r.lo * es, seg_->slot(set(gather), j) + r.lo * es, r.size() * es);
+      }
+      seg_->publish(Counter::Gathered, ++gather);
+    } else if (reduce < copy && seg_->min(Counter::Posted) > reduce) {
       const std::size_t n = len(reduce);
       if (whole) {
-        for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(reduce, j);
+        for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(set(reduce), j);
         reduce_into(dtype, op, at(reduce), srcs.data(), L, n, t.num_hosts == 1 ? divisor : 1);
-        ++reduce;
-        gather = reduce;
+        gather = ++reduce;
         seg_->publish(Counter::Gathered, gather);
         // Small messages across hosts: every local rank exchanges the whole
         // host sum with its peers (one round trip, no second local handshake).
         if (t.num_hosts > 1) exchange_whole(at(reduce - 1), n, dtype, op, divisor, op_name);
-        continue;
+      } else {
+        const Range mine = part(n, L, me, es);
+        char* out = seg_->slot(set(reduce), me) + mine.lo * es;
+        for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(set(reduce), j) + mine.lo * es;
+        reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
+        if (t.num_hosts > 1) inter_host(out, mine.size(), dtype, op, divisor, op_name);
+        seg_->publish(Counter::Reduced, ++reduce);
       }
-      const Range mine = part(n, L, me, es);
-      char* out = seg_->slot(reduce, me) + mine.lo * es;
-      for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(reduce, j) + mine.lo * es;
-      reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
-      if (t.num_hosts > 1) inter_host(out, mine.size(), dtype, op, divisor, op_name);
-      seg_->publish(Counter::Reduced, ++reduce);
+    } else if (copy < end && (p.previous[copy - g0] == kUnused ||
+                              seg_->min(Counter::Gathered) > p.previous[copy - g0])) {
+      // A slot set is free once every rank gathered the chunk that used it last.
+      std::memcpy(seg_->slot(set(copy), me), at(copy), len(copy) * es);
+      seg_->publish(Counter::Posted, ++copy);
+    } else {
+      const uint64_t needs = copy < end ? p.previous[copy - g0] : kUnused;
+      seg_->wait_change(seen, lagging(copy, reduce, gather, end, needs), op_name, since);
+      continue;
     }
-    while (gather < reduce && seg_->min(Counter::Reduced) > gather) {
-      const std::size_t n = len(gather);
-      for (int j = 0; j < L; ++j) {
-        const Range r = part(n, L, j, es);
-        std::memcpy(at(gather) + r.lo * es, seg_->slot(gather, j) + r.lo * es, r.size() * es);
-      }
-      seg_->publish(Counter::Gathered, ++gather);
-    }
-    if (copy + reduce + gather != done_before) {
-      since = std::chrono::steady_clock::now();
-    } else if (gather < end) {
-      seg_->wait_change(seen, lagging(copy, reduce, gather, end), op_name, since);
-    }
+    since = std::chrono::steady_clock::now();
   }
   chunks_ = end;
 }
 
+// Operations of at most kHot chunks cycle through the same few slot sets, so
+// their slots stay in cache; larger ones use the whole window. Every rank
+// computes the same plan, so all agree on which chunk uses which set.
+Comm::Plan Comm::plan(uint64_t first_chunk, std::size_t chunks) {
+  const int limit = chunks <= (std::size_t)kHot ? std::min(kHot, (int)seg_->depth()) : (int)seg_->depth();
+  if (last_use_.empty()) last_use_.assign(seg_->depth(), kUnused);
+  Plan p;
+  p.set.resize(chunks);
+  p.previous.resize(chunks);
+  for (std::size_t i = 0; i < chunks; ++i) {
+    const int s = (int)((next_set_ + i) % (std::size_t)limit);
+    p.set[i] = s;
+    p.previous[i] = last_use_[s];
+    last_use_[s] = first_chunk + i;
+  }
+  next_set_ = (int)((next_set_ + chunks) % (std::size_t)limit);
+  return p;
+}
+
 // The local ranks this rank is waiting for: those behind in the earliest
 // blocked stage (a rank that never posted also holds up every later stage).
-std::vector<int> Comm::lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end) const {
+std::vector<int> Comm::lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end,
+                               uint64_t copy_needs) const {
   std::vector<int> stage[3];
   for (int j = 0; j < seg_->local_size(); ++j) {
     if (j == job_.topo.local_rank) continue;
     if (reduce < copy && seg_->get(Counter::Posted, j) <= reduce) stage[0].push_back(j);
     if (gather < reduce && seg_->get(Counter::Reduced, j) <= gather) stage[1].push_back(j);
-    if (copy < end && seg_->get(Counter::Gathered, j) + HostSegment::kDepth <= copy)
+    if (copy < end && copy_needs != kUnused && seg_->get(Counter::Gathered, j) <= copy_needs)
       stage[2].push_back(j);
   }
   for (auto& s : stage)

@@ -30,7 +30,14 @@ class Comm {
   void abort(const Error& error);
 
  private:
-  std::vector<int> lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end) const;
+  // Slot sets of an operation's chunks, and the chunk that used each set last.
+  struct Plan {
+    std::vector<int> set;
+    std::vector<uint64_t> previous;  // kUnused when the set is fresh
+  };
+  Plan plan(uint64_t first_chunk, std::size_t chunks);
+  std::vector<int> lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end,
+                           uint64_t copy_needs) const;
   void exchange_whole(char* buf, std::size_t count, DType dtype, ReduceOp op, int divisor,
                       const std::string& name);
   void inter_host(char* slice, std::size_t count, DType dtype, ReduceOp op, int divisor,
@@ -40,6 +47,8 @@ class Comm {
   Job job_;
   std::unique_ptr<HostSegment> seg_;
   uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin
+  std::vector<uint64_t> last_use_;  // per slot set: the last chunk that used it
+  int next_set_ = 0;
   std::vector<char> scratch_;
 };
 

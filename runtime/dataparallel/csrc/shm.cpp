@@ -70,6 +70,7 @@ struct HostSegment::Control {
   uint32_t magic;
   uint32_t local_size;
   uint64_t slot_bytes;
+  uint32_t depth;
   alignas(64) std::atomic<uint32_t> futex_word;
   std::atomic<uint32_t> waiters;
   alignas(64) std::atomic<int32_t> abort_rank;
@@ -81,11 +82,13 @@ struct HostSegment::Control {
 };
 
 HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
-                         std::vector<LocalPeer> peers, std::size_t slot_bytes, int timeout_ms)
+                         std::vector<LocalPeer> peers, std::size_t slot_bytes, int depth,
+                         int timeout_ms)
     : name_(name),
       local_rank_(local_rank),
       peers_(std::move(peers)),
       slot_bytes_(slot_bytes),
+      depth_(depth),
       timeout_ms_(timeout_ms) {
   const int local_size = (int)peers_.size();
   if (local_size > kMaxLocal)
@@ -95,7 +98,7 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
   spin_ = (cores == 0 || (unsigned)local_size <= cores) ? 20000 : 50;
   if (const char* v = std::getenv("SHOAL_SPIN")) spin_ = std::atoi(v);
   const std::size_t ctl_bytes = (sizeof(Control) + 4095) & ~std::size_t(4095);
-  map_bytes_ = ctl_bytes + kDepth * (std::size_t)local_size * slot_bytes_;
+  map_bytes_ = ctl_bytes + (std::size_t)depth_ * (std::size_t)local_size * slot_bytes_;
   int fd;
   if (create) {
     shm_unlink(name_.c_str());  // a stale segment of a crashed run with the same job id
@@ -123,16 +126,17 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
     new (ctl_) Control();
     ctl_->local_size = (uint32_t)local_size;
     ctl_->slot_bytes = slot_bytes_;
+    ctl_->depth = (uint32_t)depth_;
     ctl_->abort_rank.store(-1);
     for (int i = 0; i < kMaxLocal; ++i)
       for (auto& c : ctl_->ranks[i].counter) c.store(0);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     ctl_->magic = kMagic;
   } else if (ctl_->magic != kMagic || ctl_->local_size != (uint32_t)local_size ||
-             ctl_->slot_bytes != slot_bytes_) {
+             ctl_->slot_bytes != slot_bytes_ || ctl_->depth != (uint32_t)depth_) {
     throw Error(Error::Kind::Usage, "shared memory " + name_ +
                                         " does not match this job (different SHOAL_JOB_ID "
-                                        "or chunk size on this host?)");
+                                        "or chunk size or depth on this host?)");
   }
 }
 
@@ -142,9 +146,8 @@ HostSegment::~HostSegment() {
 
 void HostSegment::unlink() { shm_unlink(name_.c_str()); }
 
-char* HostSegment::slot(uint64_t chunk, int local_rank) const {
-  const std::size_t set = (std::size_t)(chunk % kDepth);
-  return data_ + (set * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
+char* HostSegment::slot(int set, int local_rank) const {
+  return data_ + ((std::size_t)set * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
 }
 
 void HostSegment::publish(Counter which, uint64_t value) {

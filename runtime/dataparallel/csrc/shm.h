@@ -24,11 +24,10 @@ enum class Counter { Posted = 0, Reduced = 1, Gathered = 2 };
 
 class HostSegment {
  public:
-  static constexpr int kDepth = 8;  // slot sets: how far a rank may run ahead
-
-  // Local rank 0 creates (create=true) before the others open.
+  // Local rank 0 creates (create=true) before the others open. `depth` slot
+  // sets: how many chunks a rank may run ahead of the slowest local rank.
   HostSegment(const std::string& name, bool create, int local_rank,
-              std::vector<LocalPeer> peers, std::size_t slot_bytes, int timeout_ms);
+              std::vector<LocalPeer> peers, std::size_t slot_bytes, int depth, int timeout_ms);
   ~HostSegment();
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;
@@ -36,10 +35,11 @@ class HostSegment {
   // Removes the name once every local rank has mapped it: nothing leaks if a rank dies.
   void unlink();
   std::size_t slot_bytes() const { return slot_bytes_; }
+  uint64_t depth() const { return (uint64_t)depth_; }
   int local_size() const { return (int)peers_.size(); }
   int global_rank(int local) const { return peers_[local].global_rank; }
-  // The slot of `local_rank` for chunk number `chunk`.
-  char* slot(uint64_t chunk, int local_rank) const;
+  // The slot of `local_rank` in slot set `set` (< depth()).
+  char* slot(int set, int local_rank) const;
   // Publishes one of this rank's counters and wakes waiters.
   void publish(Counter which, uint64_t value);
   uint64_t get(Counter which, int local_rank) const;
@@ -64,6 +64,7 @@ class HostSegment {
   int local_rank_;
   std::vector<LocalPeer> peers_;
   std::size_t slot_bytes_;
+  int depth_;
   int timeout_ms_;
   int spin_;
   std::size_t map_bytes_ = 0;

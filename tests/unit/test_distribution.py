@@ -529,7 +529,8 @@ def test_smddp_versions():
             "^.*framework_version '2.12' is not supported by the data-parallel library; "
             "supported: \\['2.3'", **{**TF, "framework_version": "2.12"})
     rejects({"smdistributed": {"dataparallel": {"enabled": True}}},
-            "^py_version 'py2' is not supported: use py3 or later$".replace("^", "^.*"),
+            "^distribution\\[.smdistributed.\\]\\[.dataparallel.\\]: py_version .py2. is not "
+            "supported: use py3 or later$",
             py_version="py2")
     rejects({"smdistributed": {"dataparallel": {"enabled": True}}},
             "^.*: it needs an instance_type$", instance_type=None)

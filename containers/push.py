@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import attrs
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, NoRegionError
 from shoal.containers import builder as builders
 from shoal.containers import matrix, render
 from shoal.errors import BuildError
@@ -122,8 +122,8 @@ def local_reference(dest: Destination, tag: str) -> str:
 
 def push_image(options: render.BuildOptions, *, dest: str | None = None, ecr=None,
                builder: str | None = None, buildah: builders.Buildah | None = None,
-               account: str | None = None, scan_on_push: bool = True,
-               immutable_tags: bool = False) -> str:
+               account: str | None = None, region: str | None = None,
+               scan_on_push: bool = True, immutable_tags: bool = False) -> str:
     """Push the locally built image for ``options``; returns where it went."""
     builder = builder or builders.detect_builder()
     spec, local = options.spec, options.local_name
@@ -136,7 +136,12 @@ def push_image(options: render.BuildOptions, *, dest: str | None = None, ecr=Non
     if ecr is None:
         import boto3  # only an ECR push needs AWS
 
-        ecr = boto3.client("ecr")
+        try:
+            ecr = boto3.client("ecr", region_name=region)
+        except NoRegionError:
+            ecr = None
+    if ecr is None or not ecr.meta.region_name:
+        raise BuildError("no AWS region for the ECR push: pass --region or set AWS_DEFAULT_REGION")
     login = ecr_login(ecr, account)
     ensure_repository(ecr, spec.repository(), account=login.account,
                       scan_on_push=scan_on_push, immutable_tags=immutable_tags)

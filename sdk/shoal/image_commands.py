@@ -75,17 +75,18 @@ def build(framework, framework_version, processor, base, python, no_framework, s
 @click.option("--dest", default=None,
               help="ecr (default), or a local layout: oci:/path or dir:/path.")
 @click.option("--account", default=None, help="ECR registry account (default: the caller's).")
+@click.option("--region", default=None, help="ECR region (default: the AWS configuration's).")
 @click.option("--immutable-tags", is_flag=True, help="Create the repository with immutable tags.")
 @click.option("--no-scan-on-push", is_flag=True, help="Create the repository without scan on push.")
 @click.option("--builder", type=click.Choice(builders.BUILDERS), default=None)
-def push_(framework, framework_version, processor, dest, account, immutable_tags, no_scan_on_push,
-          builder):
+def push_(framework, framework_version, processor, dest, account, region, immutable_tags,
+          no_scan_on_push, builder):
     """Push a built image to ECR (as the SDK names it) or to a local layout."""
     try:
         options = render.BuildOptions(framework=framework, framework_version=framework_version,
                                       processor=processor)
         where = push.push_image(options, dest=dest, builder=builder, account=account,
-                                scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
+                                region=region, scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
     except ShoalError as error:
         _fail(error)
     click.echo(where)

@@ -67,7 +67,8 @@ def test_push_options_reach_the_ecr_push(monkeypatch):
     seen = {}
     monkeypatch.setattr(push, "push_image", lambda options, **kw: seen.update(kw) or "uri")
     result = invoke("push", "--framework", "pytorch", "--version", "1.13.1", "--immutable-tags",
-                    "--no-scan-on-push", "--account", "210987654321")
+                    "--no-scan-on-push", "--account", "210987654321", "--region", "eu-west-1")
     assert result.exit_code == 0, result.output
     assert seen["immutable_tags"] is True and seen["scan_on_push"] is False
     assert seen["account"] == "210987654321" and seen["dest"] is None
+    assert seen["region"] == "eu-west-1"

@@ -127,3 +127,23 @@ def test_local_destinations(tmp_path, commands):
 def test_bad_destinations_are_refused(bad):
     with pytest.raises(BuildError, match="'dest' must be"):
         push.parse_destination(bad)
+
+
+def test_an_ecr_push_needs_a_region(monkeypatch, commands):
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    with pytest.raises(BuildError, match="no AWS region"):
+        push.push_image(OPTIONS, builder="buildah", buildah=VFS)
+    assert commands == []
+
+
+def test_region_reaches_the_ecr_client(monkeypatch, commands):
+    made = {}
+
+    def client(service, region_name=None):
+        made.update(service=service, region=region_name)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(boto3, "client", client)
+    with pytest.raises(RuntimeError, match="stop here"):
+        push.push_image(OPTIONS, builder="buildah", buildah=VFS, region="eu-west-1")
+    assert made == {"service": "ecr", "region": "eu-west-1"}

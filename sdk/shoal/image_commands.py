@@ -1,5 +1,6 @@
 """``shoal image build|push``: the command-line face of Shoal's training images
-(mounted by the main CLI as ``shoal image``)."""
+(mounted by the main CLI as ``shoal image``). Shoal's errors propagate to the main CLI,
+which maps them to exit codes (ImageError 2, BuildError 1)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import click
 
 from shoal.containers import builder as builders
 from shoal.containers import matrix, push, render
-from shoal.errors import ShoalError
 
 
 def _image_options(command):
@@ -25,10 +25,6 @@ def _image_options(command):
     for decorate in reversed(decorators):
         command = decorate(command)
     return command
-
-
-def _fail(error: ShoalError) -> None:
-    raise click.ClickException(str(error)) from error
 
 
 @click.group("image")
@@ -59,15 +55,12 @@ def build(framework, framework_version, processor, base, python, no_framework, s
             framework=framework, framework_version=framework_version, processor=processor,
             base=base, python=python, install_framework=not no_framework,
             ca_certificates=ca_certificates)
-        if dry_run:
-            click.echo(render.render_dockerfile(options), nl=False)
-            return
-        name = builders.build_image(options, source_root=source, builder=builder)
-    except ShoalError as error:
-        _fail(error)
-    except ValueError as error:  # attrs validators
+    except ValueError as error:  # attrs validators: a usage error
         raise click.BadParameter(str(error)) from error
-    click.echo(name)
+    if dry_run:
+        click.echo(render.render_dockerfile(options), nl=False)
+        return
+    click.echo(builders.build_image(options, source_root=source, builder=builder))
 
 
 @image.command("push")
@@ -82,11 +75,8 @@ def build(framework, framework_version, processor, base, python, no_framework, s
 def push_(framework, framework_version, processor, dest, account, region, immutable_tags,
           no_scan_on_push, builder):
     """Push a built image to ECR (as the SDK names it) or to a local layout."""
-    try:
-        options = render.BuildOptions(framework=framework, framework_version=framework_version,
-                                      processor=processor)
-        where = push.push_image(options, dest=dest, builder=builder, account=account,
-                                region=region, scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
-    except ShoalError as error:
-        _fail(error)
+    options = render.BuildOptions(framework=framework, framework_version=framework_version,
+                                  processor=processor)
+    where = push.push_image(options, dest=dest, builder=builder, account=account, region=region,
+                            scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
     click.echo(where)

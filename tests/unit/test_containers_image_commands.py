@@ -4,6 +4,7 @@ from click.testing import CliRunner
 from shoal import image_commands
 from shoal.containers import builder as builders
 from shoal.containers import push, render
+from shoal.errors import ImageError
 
 
 def invoke(*args):
@@ -40,10 +41,14 @@ def test_build_passes_the_options_through(monkeypatch, tmp_path):
     assert seen["source"] == tmp_path and seen["builder"] == "buildah"
 
 
-def test_unknown_version_is_a_clean_error():
+def test_unknown_version_is_an_image_error_the_main_cli_maps_to_exit_2(capsys):
     result = invoke("build", "--framework", "pytorch", "--version", "0.4", "--dry-run")
-    assert result.exit_code == 1
-    assert "no pytorch 0.4 image in the matrix" in result.output
+    assert isinstance(result.exception, ImageError)
+    assert "no pytorch 0.4 image in the matrix" in str(result.exception)
+    from shoal.cli import main
+
+    assert main(["image", "build", "--framework", "pytorch", "--version", "0.4", "--dry-run"]) == 2
+    assert "no pytorch 0.4 image in the matrix" in capsys.readouterr().err
 
 
 def test_bad_base_is_a_usage_error():

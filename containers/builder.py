@@ -105,6 +105,7 @@ def build_image(options: render.BuildOptions, *, source_root: Path | None = None
     tag = tag or options.local_name
     dockerfile = render.render_dockerfile(options)
     source_root = source_root or context.default_source_root()
+    context.check_python(options.python_version, (Path(source_root) / "setup.cfg").read_text())
     with tempfile.TemporaryDirectory(prefix="shoal-image-") as scratch:
         ctx = context.write_context(keep_context or Path(scratch) / "context",
                                     dockerfile, source_root, options.ca_certificates)

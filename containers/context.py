@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import fnmatch
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -72,6 +73,24 @@ def requirements(setup_cfg: str, extras: tuple[str, ...] = ("mpi",)) -> str:
     for extra in extras:
         lines += config.get("options.extras_require", extra, fallback="").splitlines()
     return "".join(f"{line.strip()}\n" for line in lines if line.strip())
+
+
+def minimum_python(setup_cfg: str) -> tuple[int, int] | None:
+    """The lowest Python ``python_requires`` (``>=X.Y``) admits, None when it says none."""
+    config = configparser.ConfigParser()
+    config.read_string(setup_cfg)
+    found = re.search(r">=\s*(\d+)\.(\d+)", config.get("options", "python_requires", fallback=""))
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def check_python(python: str, setup_cfg: str) -> None:
+    """Refuse, before any build step, an image Python that Shoal itself does not support
+    ("3", the distribution's own, is left to pip)."""
+    floor = minimum_python(setup_cfg)
+    parts = tuple(int(p) for p in python.split("."))
+    if floor and len(parts) == 2 and parts < floor:
+        raise BuildError(f"Shoal needs Python >= {floor[0]}.{floor[1]}; this image's Python is "
+                         f"{python} (pass --python with a newer one available on the base)")
 
 
 def write_context(dest: Path, dockerfile: str, source_root: Path,

@@ -89,3 +89,14 @@ def test_local_name_is_the_one_local_mode_jobs_run():
 
     options = render.BuildOptions("pytorch", "1.13", "cpu")
     assert options.local_name == local_image_name("pytorch", "1.13", None, "local")
+
+
+def test_build_refuses_an_entry_whose_python_shoal_does_not_support(monkeypatch):
+    monkeypatch.setattr(builders, "run", lambda *a, **k: pytest.fail("nothing may run"))
+    options = render.BuildOptions("pytorch", "1.12.1", "gpu")  # py38 in the matrix
+    with pytest.raises(BuildError, match="Python >= 3.9"):
+        builders.build_image(options, source_root=REPO, builder="buildah", buildah=VFS)
+    # With a newer Python of the base it builds.
+    newer = render.BuildOptions("pytorch", "1.12.1", "gpu", python="3.9")
+    monkeypatch.setattr(builders, "run", lambda argv, stdin=None: None)
+    assert builders.build_image(newer, source_root=REPO, builder="buildah", buildah=VFS)

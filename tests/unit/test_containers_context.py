@@ -146,3 +146,14 @@ def test_real_requirements_match_the_package_metadata():
     declared = metadata.requires("shoal")
     for line in wanted:
         assert any(req.replace(" ", "").startswith(line) for req in declared), line
+
+
+def test_an_image_python_below_shoals_minimum_is_refused_before_building():
+    cfg = "[options]\npython_requires = >=3.9\n"
+    assert context.minimum_python(cfg) == (3, 9)
+    context.check_python("3.9", cfg)
+    context.check_python("3.11", cfg)
+    context.check_python("3", cfg)  # the base's python3: pip decides
+    with pytest.raises(BuildError, match=r"Shoal needs Python >= 3.9; this image's Python is 3.8"):
+        context.check_python("3.8", cfg)
+    context.check_python("3.6", "[options]\n")  # no floor declared

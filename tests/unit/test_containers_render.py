@@ -1,7 +1,9 @@
 """Rendering every image of the version matrix: bases, CUDA, the MPI/NCCL/EFA stack,
 the runtime install and the entrypoint."""
 
+import json
 import re
+import subprocess
 
 import jinja2
 import pytest
@@ -203,3 +205,31 @@ def test_fragments_are_shared_not_copied():
         assert '{% extends "base.Dockerfile.j2" %}' in source
         for marker in ("openmpi", "efa_installer", "ssh-keygen", "pip wheel"):
             assert marker not in source
+
+
+def instructions(text):
+    """(instruction, arguments) pairs, continuation lines joined, comments dropped."""
+    logical, current = [], ""
+    for line in text.splitlines():
+        if not current and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        current += line[:-1] + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            logical.append(current)
+            current = ""
+    return [tuple(entry.split(None, 1)) for entry in logical]
+
+
+@pytest.mark.parametrize("spec,processor", ALL, ids=IDS)
+def test_every_run_step_is_valid_shell_and_every_instruction_known(spec, processor):
+    """GPU images cannot be built here: at least every RUN must parse in /bin/sh."""
+    text = render.render_dockerfile(options(spec, processor, ca_certificates=["x.crt"]))
+    known = {"FROM", "RUN", "ENV", "COPY", "LABEL", "WORKDIR", "ENTRYPOINT", "CMD"}
+    steps = instructions(text)
+    assert {name for name, _ in steps} <= known
+    for name, body in steps:
+        if name == "RUN":
+            done = subprocess.run(["sh", "-n", "-c", body], capture_output=True, text=True)
+            assert done.returncode == 0, (body, done.stderr)
+        if name in ("ENTRYPOINT", "CMD"):
+            assert isinstance(json.loads(body), list)

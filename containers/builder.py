@@ -24,6 +24,9 @@ def choose_storage_driver(filesystems: str, is_root: bool) -> str:
 
 
 def detect_storage_driver() -> str:
+    """buildah's own STORAGE_DRIVER when set, else what this machine supports."""
+    if os.environ.get("STORAGE_DRIVER") in ("overlay", "vfs"):
+        return os.environ["STORAGE_DRIVER"]
     try:
         filesystems = Path("/proc/filesystems").read_text()
     except OSError:

@@ -100,3 +100,10 @@ def test_build_refuses_an_entry_whose_python_shoal_does_not_support(monkeypatch)
     newer = render.BuildOptions("pytorch", "1.12.1", "gpu", python="3.9")
     monkeypatch.setattr(builders, "run", lambda argv, stdin=None: None)
     assert builders.build_image(newer, source_root=REPO, builder="buildah", buildah=VFS)
+
+
+def test_buildahs_own_storage_driver_variable_wins(monkeypatch):
+    monkeypatch.setenv("STORAGE_DRIVER", "vfs")
+    assert builders.Buildah().storage_driver == "vfs"
+    monkeypatch.setenv("STORAGE_DRIVER", "overlay")
+    assert builders.detect_storage_driver() == "overlay"

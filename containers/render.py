@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import re
 from importlib import metadata
 from pathlib import Path
 
@@ -183,7 +182,3 @@ def render_dockerfile(options: BuildOptions) -> str:
     """The Dockerfile for these options."""
     return environment().get_template(template_name(options)).render(**template_context(options))
 
-
-def is_image_reference(text: str) -> bool:
-    """True for a plausible image reference (used to refuse shell-active base names)."""
-    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", text) is not None

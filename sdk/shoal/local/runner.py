@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import ShoalError
+from ..errors import InputError
 from . import layout, process, state, storage
 
 FAILURE_LIMIT = 1024
@@ -74,7 +74,7 @@ class Supervisor:
         else:
             source = storage.file_path(uri).resolve()
             if not source.exists():
-                raise ShoalError(f"channel {channel}: {source} does not exist")
+                raise InputError(f"channel {channel}: {source} does not exist")
         for host in self.hosts:
             target = self.paths.channel_dir(host, channel)
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -242,3 +242,11 @@ def test_dry_run_on_sagemaker_needs_a_role_arn(root, capsys):
     code, _, err = run(capsys, "run", "--entry-point", "t.py", "--region", "us-west-2",
                        "--instance-type", "ml.m5.xlarge", "--role", "MyRole", "--dry-run")
     assert code == 2 and "role ARN" in err
+
+
+def test_a_job_being_started_is_not_mistaken_for_a_dead_one(root, capsys):
+    paths = layout.JobPaths(root / "starting")
+    paths.job_dir.mkdir(parents=True)
+    state.write(paths.state_file, state.initial({**REQUEST, "TrainingJobName": "starting"}))
+    code, out, _ = run(capsys, "status", "local://starting")
+    assert code == 0 and "TrainingJobStatus: InProgress" in out

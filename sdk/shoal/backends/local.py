@@ -10,6 +10,7 @@ any process: ``LocalTrainingJob.attach("<job>")``.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -54,8 +55,6 @@ def _check_local_sources(request: dict) -> None:
 
 
 def _dumps(data) -> str:
-    import json
-
     return json.dumps(data, indent=1, default=str)
 
 
@@ -80,14 +79,18 @@ class LocalTrainingJob:
 
     def describe(self) -> dict:
         record = self._record()
-        if record["TrainingJobStatus"] not in state.TERMINAL and self.runner() is None:
+        if record["TrainingJobStatus"] not in state.TERMINAL and self._supervisor_died():
             record = self._record()  # it may have ended between the two reads
-        if record["TrainingJobStatus"] not in state.TERMINAL and self.runner() is None:
-            # The supervisor is gone without a final word (killed): that is a failure.
-            record = state.transition(record, "Failed", "the local job's supervisor died")
-            record["FailureReason"] = "ClientError: the local job's supervisor process died"
-            state.write(self.paths.state_file, record)
+            if record["TrainingJobStatus"] not in state.TERMINAL:
+                record = state.transition(record, "Failed", "the local job's supervisor died")
+                record["FailureReason"] = "ClientError: the local job's supervisor process died"
+                state.write(self.paths.state_file, record)
         return record
+
+    def _supervisor_died(self) -> bool:
+        # Without runner.json the supervisor is still being started (or started elsewhere).
+        known = self._runner is not None or self.paths.runner_file.exists()
+        return known and self.runner() is None
 
     @property
     def status(self) -> str:

@@ -105,6 +105,11 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   const Plan p = plan(g0, (std::size_t)(end - g0));
   auto set = [&](uint64_t g) { return p.set[g - g0]; };
   auto at = [&](uint64_t g) { return base + (g - g0) * per_chunk * es; };
+  // Across hosts, slices travel in batches of whole chunks (fewer round trips,
+  // each a wake-up of a peer); batch boundaries are fixed so that peers agree.
+  const uint64_t batch =
+      t.num_hosts > 1 && !whole ? std::min<uint64_t>(cfg_.batch_chunks, seg_->depth()) : 1;
+  auto reduce_until = [&](uint64_t g) { return std::min(end, g0 + ((g - g0) / batch + 1) * batch); };
   auto len = [&](uint64_t g) { return std::min(per_chunk, count - (g - g0) * per_chunk); };
   std::vector<const void*> srcs(L);
   uint64_t copy = g0, reduce = g0, gather = g0;  // the next chunk of each stage
@@ -121,9 +126,9 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
         std::memcpy(at(gather) + r.lo * es, seg_->slot(set(gather), j) + r.lo * es, r.size() * es);
       }
       seg_->publish(Counter::Gathered, ++gather);
-    } else if (reduce < copy && seg_->min(Counter::Posted) > reduce) {
-      const std::size_t n = len(reduce);
+    } else if (reduce < copy && seg_->min(Counter::Posted) >= reduce_until(reduce)) {
       if (whole) {
+        const std::size_t n = len(reduce);
         for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(set(reduce), j);
         reduce_into(dtype, op, at(reduce), srcs.data(), L, n, t.num_hosts == 1 ? divisor : 1);
         gather = ++reduce;
@@ -132,12 +137,17 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
         // host sum with its peers (one round trip, no second local handshake).
         if (t.num_hosts > 1) exchange_whole(at(reduce - 1), n, dtype, op, divisor, op_name);
       } else {
-        const Range mine = part(n, L, me, es);
-        char* out = seg_->slot(set(reduce), me) + mine.lo * es;
-        for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(set(reduce), j) + mine.lo * es;
-        reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
-        if (t.num_hosts > 1) inter_host(out, mine.size(), dtype, op, divisor, op_name);
-        seg_->publish(Counter::Reduced, ++reduce);
+        const uint64_t until = reduce_until(reduce);
+        std::vector<Slice> slices;
+        for (; reduce < until; ++reduce) {
+          const Range mine = part(len(reduce), L, me, es);
+          char* out = seg_->slot(set(reduce), me) + mine.lo * es;
+          for (int j = 0; j < L; ++j) srcs[j] = seg_->slot(set(reduce), j) + mine.lo * es;
+          reduce_into(dtype, op, out, srcs.data(), L, mine.size(), t.num_hosts == 1 ? divisor : 1);
+          slices.push_back({out, mine.size()});
+        }
+        if (t.num_hosts > 1) inter_host(slices, dtype, op, divisor, op_name);
+        seg_->publish(Counter::Reduced, reduce);
       }
     } else if (copy < end && (p.previous[copy - g0] == kUnused ||
                               seg_->min(Counter::Gathered) > p.previous[copy - g0])) {
@@ -146,7 +156,9 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
       seg_->publish(Counter::Posted, ++copy);
     } else {
       const uint64_t needs = copy < end ? p.previous[copy - g0] : kUnused;
-      seg_->wait_change(seen, lagging(copy, reduce, gather, end, needs), op_name, since);
+      const uint64_t posted_needs = reduce < copy ? reduce_until(reduce) : 0;
+      seg_->wait_change(seen, lagging(copy, posted_needs, gather < reduce ? gather + 1 : 0, end, needs),
+                        op_name, since);
       continue;
     }
     since = std::chrono::steady_clock::now();
@@ -175,13 +187,14 @@ Comm::Plan Comm::plan(uint64_t first_chunk, std::size_t chunks) {
 
 // The local ranks this rank is waiting for: those behind in the earliest
 // blocked stage (a rank that never posted also holds up every later stage).
-std::vector<int> Comm::lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end,
-                               uint64_t copy_needs) const {
+// `posted_needs`/`reduced_needs` are 0 when that stage is not blocked.
+std::vector<int> Comm::lagging(uint64_t copy, uint64_t posted_needs, uint64_t reduced_needs,
+                               uint64_t end, uint64_t copy_needs) const {
   std::vector<int> stage[3];
   for (int j = 0; j < seg_->local_size(); ++j) {
     if (j == job_.topo.local_rank) continue;
-    if (reduce < copy && seg_->get(Counter::Posted, j) <= reduce) stage[0].push_back(j);
-    if (gather < reduce && seg_->get(Counter::Reduced, j) <= gather) stage[1].push_back(j);
+    if (seg_->get(Counter::Posted, j) < posted_needs) stage[0].push_back(j);
+    if (seg_->get(Counter::Reduced, j) < reduced_needs) stage[1].push_back(j);
     if (copy < end && copy_needs != kUnused && seg_->get(Counter::Gathered, j) <= copy_needs)
       stage[2].push_back(j);
   }
@@ -209,36 +222,66 @@ void Comm::exchange_whole(char* buf, std::size_t n, DType dtype, ReduceOp op, in
   reduce_into(dtype, op, buf, srcs.data(), H, n, divisor);
 }
 
-void Comm::inter_host(char* slice, std::size_t m, DType dtype, ReduceOp op, int divisor,
+void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op, int divisor,
                       const std::string& name) {
   const Topology& t = job_.topo;
   const int H = t.num_hosts, me = t.host_index;
   const std::size_t es = dtype_size(dtype);
-  const Range own = part(m, H, me, es);
-  const std::size_t own_bytes = own.size() * es;
-  if (scratch_.size() < own_bytes * H) scratch_.resize(own_bytes * H);
-  auto peer_rank = [&](int h) { return job_.host_ranks[h][t.local_rank]; };
-  auto check = [this] { seg_->check_abort(); };
+  out_.resize(H);
+  in_.resize(H);
+  auto peer = [&](int h) { return job_.host_ranks[h][t.local_rank]; };
+  auto bytes_of = [&](int h) {
+    std::size_t b = 0;
+    for (const Slice& s : slices) b += part(s.count, H, h, es).size() * es;
+    return b;
+  };
+  // Phase 1: part h of every slice to host h; every host's copy of my part back.
   std::vector<net::Transfer> xfer;
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;
-    const Range r = part(m, H, h, es);
-    xfer.push_back({job_.mesh[h], slice + r.lo * es, r.size() * es, true, peer_rank(h)});
-    xfer.push_back({job_.mesh[h], scratch_.data() + h * own_bytes, own_bytes, false, peer_rank(h)});
+    out_[h].resize(bytes_of(h));
+    in_[h].resize(bytes_of(me));
+    std::size_t off = 0;
+    for (const Slice& s : slices) {
+      const Range r = part(s.count, H, h, es);
+      std::memcpy(out_[h].data() + off, s.data + r.lo * es, r.size() * es);
+      off += r.size() * es;
+    }
+    xfer.push_back({job_.mesh[h], out_[h].data(), out_[h].size(), true, peer(h)});
+    xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
   }
+  auto check = [this] { seg_->check_abort(); };
   net::run(xfer, cfg_.timeout_ms, name, check);
+  // My part of each slice, reduced in host order; packed for phase 2.
+  out_[me].resize(bytes_of(me));
   std::vector<const void*> srcs(H);
-  for (int h = 0; h < H; ++h)
-    srcs[h] = h == me ? static_cast<const void*>(slice + own.lo * es) : scratch_.data() + h * own_bytes;
-  reduce_into(dtype, op, slice + own.lo * es, srcs.data(), H, own.size(), divisor);
+  std::size_t off = 0;
+  for (const Slice& s : slices) {
+    const Range own = part(s.count, H, me, es);
+    for (int h = 0; h < H; ++h)
+      srcs[h] = h == me ? static_cast<const void*>(s.data + own.lo * es) : in_[h].data() + off;
+    reduce_into(dtype, op, s.data + own.lo * es, srcs.data(), H, own.size(), divisor);
+    std::memcpy(out_[me].data() + off, s.data + own.lo * es, own.size() * es);
+    off += own.size() * es;
+  }
+  // Phase 2: my reduced parts to every host; theirs into the slices.
   xfer.clear();
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;
-    const Range r = part(m, H, h, es);
-    xfer.push_back({job_.mesh[h], slice + own.lo * es, own_bytes, true, peer_rank(h)});
-    xfer.push_back({job_.mesh[h], slice + r.lo * es, r.size() * es, false, peer_rank(h)});
+    in_[h].resize(bytes_of(h));
+    xfer.push_back({job_.mesh[h], out_[me].data(), out_[me].size(), true, peer(h)});
+    xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
   }
   net::run(xfer, cfg_.timeout_ms, name, check);
+  for (int h = 0; h < H; ++h) {
+    if (h == me) continue;
+    std::size_t pos = 0;
+    for (const Slice& s : slices) {
+      const Range r = part(s.count, H, h, es);
+      std::memcpy(s.data + r.lo * es, in_[h].data() + pos, r.size() * es);
+      pos += r.size() * es;
+    }
+  }
 }
 
 void Comm::broadcast(void* data, std::size_t bytes, int root) {

@@ -36,11 +36,17 @@ class Comm {
     std::vector<uint64_t> previous;  // kUnused when the set is fresh
   };
   Plan plan(uint64_t first_chunk, std::size_t chunks);
-  std::vector<int> lagging(uint64_t copy, uint64_t reduce, uint64_t gather, uint64_t end,
-                           uint64_t copy_needs) const;
+  std::vector<int> lagging(uint64_t copy, uint64_t posted_needs, uint64_t reduced_needs,
+                           uint64_t end, uint64_t copy_needs) const;
+  struct Slice {
+    char* data;
+    std::size_t count;
+  };
   void exchange_whole(char* buf, std::size_t count, DType dtype, ReduceOp op, int divisor,
                       const std::string& name);
-  void inter_host(char* slice, std::size_t count, DType dtype, ReduceOp op, int divisor,
+  // Reduces this rank's slices of a batch of chunks with the same local rank
+  // on every other host.
+  void inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op, int divisor,
                   const std::string& name);
 
   Config cfg_;
@@ -50,6 +56,7 @@ class Comm {
   std::vector<uint64_t> last_use_;  // per slot set: the last chunk that used it
   int next_set_ = 0;
   std::vector<char> scratch_;
+  std::vector<std::vector<char>> out_, in_;  // inter-host staging, per host
 };
 
 }  // namespace shoal

@@ -94,11 +94,16 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
-// Reads the rank environment (RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE/
-// MASTER_ADDR/MASTER_PORT, or OMPI_COMM_WORLD_*, SHOAL_HOST, SHOAL_JOB_ID,
-// SHOAL_NETWORK_INTERFACE, SHOAL_COLLECTIVE_TIMEOUT,
-// SHOAL_FUSION_THRESHOLD_BYTES), bootstraps over TCP and maps the host's shared
-// memory. Idempotent: later calls return the same topology.
+// Reads the rank environment (RANK/WORLD_SIZE or OMPI_COMM_WORLD_RANK/SIZE,
+// MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default derived from the job
+// id), SHOAL_HOST (default: hostname), SHOAL_JOB_ID (default: mpirun's job id),
+// SHOAL_NETWORK_INTERFACE, SHOAL_COLLECTIVE_TIMEOUT (s, default 300),
+// SHOAL_FUSION_THRESHOLD_BYTES (default 25 MiB; 0 disables fusion), and the
+// tuning knobs SHOAL_SHM_CHUNK_BYTES (256 KiB), SHOAL_SHM_DEPTH (64),
+// SHOAL_SMALL_BYTES (64 KiB), SHOAL_INTERHOST_BATCH (4), SHOAL_SPIN), groups
+// ranks into hosts by SHOAL_HOST (local rank/size come from that grouping),
+// bootstraps over TCP (rank 0 listens on MASTER_PORT) and maps the host's
+// shared memory. Idempotent: later calls return the same topology.
 const Topology& init();
 bool is_initialized();
 const Topology& topology();  // throws Usage if not initialized

@@ -62,7 +62,8 @@ def test_allreduce_refuses_dtypes_the_core_cannot_reduce(sdp, dtype):
      (-1, 3, r"'param_index' must be in \[0, 3\) \(got -1\)"),
      (0, 0, r"'num_params' must be >= 1 \(got 0\)"),
      (0.0, 1, r"'param_index' must be an int \(got 0.0\)"),
-     (0, True, r"'num_params' must be an int \(got True\)")],
+     (0, True, r"'num_params' must be an int \(got True\)"),
+     (np.int32(2), np.int64(2), r"'param_index' must be in \[0, 2\) \(got 2\)")],
 )
 def test_allreduce_checks_param_index_and_num_params(sdp, index, count, message):
     with pytest.raises(ValidationError, match=message):
@@ -110,6 +111,7 @@ def test_broadcast_checks_the_root_and_keeps_any_fixed_size_dtype(sdp):
     for root in (1, -1, "0", True):
         with pytest.raises(ValidationError, match=r"'root_rank' must be an int in \[0, 1\)"):
             sdp.broadcast(tf.constant([1.0]), root)
+    assert sdp.broadcast(tf.constant([2.0]), np.int64(0)).numpy().tolist() == [2.0]
     flags = sdp.broadcast(tf.constant([[True, False]]), 0)
     assert flags.dtype == tf.bool and flags.numpy().tolist() == [[True, False]]
     with pytest.raises(ValidationError, match="cannot send a string tensor"):

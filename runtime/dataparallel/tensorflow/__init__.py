@@ -13,7 +13,8 @@ surface over Shoal's collective core.
         sdp.broadcast_variables(model.variables, root_rank=0)
         sdp.broadcast_variables(opt.variables, root_rank=0)
 
-Collectives run through ``tf.numpy_function`` (eagerly and in ``tf.function``, not in XLA
+Keras 3 optimizers list their variables in the ``variables`` property (Keras 2 scripts call
+``opt.variables()``). Collectives run through ``tf.numpy_function`` (eagerly and in ``tf.function``, not in XLA
 compiled graphs). IndexedSlices gradients (embeddings) are gathered from every rank, or
 densified with ``sparse_as_dense=True``. Supported reduction dtypes: float16, bfloat16,
 float32, float64, int32, int64.

@@ -10,6 +10,7 @@ with XLA (``jit_compile=True``) cannot hold these ops.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -35,9 +36,13 @@ def _check_movable(tensor: tf.Tensor) -> None:
 
 def _check_root(root_rank) -> int:
     size = topology.size()
-    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < size:
+    if not _is_int(root_rank) or not 0 <= root_rank < size:
         raise ValidationError(f"'root_rank' must be an int in [0, {size}) (got {root_rank!r})")
-    return root_rank
+    return int(root_rank)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _with_shapes(outputs, inputs) -> list[tf.Tensor]:
@@ -141,7 +146,7 @@ def allreduce(tensor, param_index: int, num_params: int, compression=Compression
     reduced (0 and 1 for a single tensor); IndexedSlices are gathered, see ``sparse_allreduce``.
     """
     for name, value in (("param_index", param_index), ("num_params", num_params)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not _is_int(value):
             raise ValidationError(f"'{name}' must be an int (got {value!r})")
     if num_params < 1:
         raise ValidationError(f"'num_params' must be >= 1 (got {num_params})")

@@ -63,8 +63,23 @@ def options(base):
 
 
 @pytest.fixture(scope="module")
-def image(options, store):
-    return builders.build_image(options, builder="buildah", buildah=store)
+def source_tree(tmp_path_factory):
+    """The committed tree (HEAD) when this is a git checkout: the image is built from what
+    is committed, not from files half-way through an edit; else the working tree."""
+    repo = Path(__file__).resolve().parents[2]
+    out = tmp_path_factory.mktemp("source")
+    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", "HEAD"],
+                             capture_output=True, check=False)
+    if archive.returncode != 0:
+        return repo
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def image(options, store, source_tree):
+    return builders.build_image(options, source_root=source_tree, builder="buildah",
+                                buildah=store)
 
 
 def buildah(store, *args, **kwargs):

@@ -5,8 +5,8 @@ DistributedDataParallel as DDP``).
 At construction it broadcasts rank 0's parameters and buffers. During backward, a hook on
 each parameter's gradient accumulation marks it ready; a bucket whose parameters are all
 ready is packed (gradients become views of the bucket's flat buffer) and its average across
-ranks is started asynchronously (on Shoal's backend, by the core's fused allreduce; see
-``transport``), in bucket order, so communication overlaps the rest of backward. At the end
+ranks is started asynchronously (on Shoal's backend, by the core's allreduce with its own
+average; see ``transport``), in bucket order, so communication overlaps the rest of backward. At the end
 of backward the wrapper waits for every bucket.
 ``no_sync()`` skips all of it, so gradients accumulate locally until the next synced step.
 """
@@ -22,7 +22,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .buckets import bucket_cap_bytes, plan_buckets
-from .transport import TorchTransport, transport_for
+from .transport import transport_for
 
 
 class _Bucket:
@@ -39,7 +39,6 @@ class _Bucket:
             self.views.append(self.buffer[offset : offset + param.numel()].view_as(param))
             offset += param.numel()
         self.pending = len(params)
-        self.transport = None
         self.finish = None  # completes this step's reduction (set when started)
 
     def pack(self, position: int) -> None:
@@ -86,10 +85,7 @@ class DistributedDataParallel(nn.Module):
         self._sync_module_states()
         self._params = _unique_trainable(module)
         self._buckets, self._where = self._make_buckets()
-        fused = transport_for(process_group, self._world_size)
-        fallback = TorchTransport(process_group, self._world_size)
-        for bucket in self._buckets:
-            bucket.transport = fused if fused.supports(bucket.buffer) else fallback
+        self._transport = transport_for(process_group, self._world_size)
         self._next_bucket = 0
         self._finalizer_queued = False
         self._hooks = [
@@ -167,7 +163,7 @@ class DistributedDataParallel(nn.Module):
             self._launch(self._buckets[self._next_bucket])
 
     def _launch(self, bucket: _Bucket) -> None:
-        bucket.finish = bucket.transport.start(bucket.buffer)
+        bucket.finish = self._transport.start(bucket.buffer)
         self._next_bucket += 1
 
     def _finish_backward(self) -> None:

@@ -155,11 +155,11 @@ def make_model():
 
     torch.manual_seed(1234)
     return torch.nn.Sequential(
-        torch.nn.Linear(32, 256),
+        torch.nn.Linear(32, 128),
         torch.nn.ReLU(),
-        torch.nn.Linear(256, 256),
+        torch.nn.Linear(128, 128),
         torch.nn.ReLU(),
-        torch.nn.Linear(256, 10),
+        torch.nn.Linear(128, 10),
     )
 
 

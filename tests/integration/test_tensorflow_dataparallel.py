@@ -47,11 +47,19 @@ def run_ranks(n: int, argv: list[str], timeout: int = 900) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
-def test_collectives_and_training_match_numpy_and_one_process(ranks):
-    out = run_ranks(ranks, [sys.executable, HERE, "worker"])
+@pytest.mark.parametrize("ranks, hosts", [(2, 1), (4, 2)])
+def test_collectives_and_training_match_numpy_and_one_process(ranks, hosts):
+    """Four ranks run as two simulated hosts of two (SHOAL_HOST per rank, as Shoal's
+    launcher sets it), so the core's inter-host path carries half of every reduction."""
+    per_host = ranks // hosts
+    worker = f'exec "{sys.executable}" "{HERE}" worker'
+    if hosts > 1:
+        worker = f"SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK / {per_host})) {worker}"
+    out = run_ranks(ranks, ["bash", "-c", worker])
     for check in ("collectives ok", "tape training ok", "keras fit ok"):
         assert out.count(check) == ranks, out
+    for local in range(per_host):
+        assert out.count(f"local {local}/{per_host} size {ranks}") == hosts, out
 
 
 SDP_SCRIPT = textwrap.dedent(
@@ -344,7 +352,8 @@ def worker() -> None:
     cases += check_grouped_and_sparse(sdp, tf, rank, world)
     cases += check_broadcast(sdp, tf, rank, world)
     cases += check_gradient_of_allreduce(sdp, tf, rank, world)
-    print(f"rank {rank}: {cases} collectives ok", flush=True)
+    print(f"rank {rank}: local {sdp.local_rank()}/{sdp.local_size()} size {world}: "
+          f"{cases} collectives ok", flush=True)
     check_tape_training(sdp, tf, keras, rank, world)
     check_keras_fit(sdp, tf, keras, rank, world)
     sdp.shutdown()

@@ -24,7 +24,9 @@ master host; when this host's /opt/ml configuration is readable they are recompu
 this host. When the command
 fails (and the wrapper was not told to stop), one line ``SHOAL_RANK_FAILED {json}`` on
 stderr names the rank, host, exit code or signal, for the launcher's failure report. The
-child is killed if the wrapper dies (``PR_SET_PDEATHSIG``), so no rank is orphaned.
+child is killed if the wrapper dies (``PR_SET_PDEATHSIG``), so no rank is orphaned. Each
+rank starts by printing ``shoal-rank: rank R of N (local L of M) on HOST`` to stderr
+(``SHOAL_RANK_QUIET=1`` turns it off).
 """
 
 from __future__ import annotations
@@ -173,6 +175,11 @@ def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     ranks, sm_vars = _host_environment(environ)
     env = {**environ, **sm_vars, **ranks}
     stopping = []
+    if environ.get("SHOAL_RANK_QUIET") not in ("1", "true"):
+        # One line per rank: which rank runs where (the log's map of the job).
+        print(f"shoal-rank: rank {ranks['RANK']} of {ranks['WORLD_SIZE']} (local "
+              f"{ranks['LOCAL_RANK']} of {ranks['LOCAL_WORLD_SIZE']}) on {ranks['SHOAL_HOST']}",
+              file=sys.stderr, flush=True)  # fmt: skip
     try:
         child = subprocess.Popen(list(command), env=env, preexec_fn=_die_with_parent)
     except OSError as e:

@@ -250,7 +250,7 @@ class Supervisor:
                 self._watchdog()
         end_descendants(grace=min(self.grace, 5.0), keep=self.keep)
         for s in self._streams:
-            s.join(timeout=5)
+            s.join(timeout=60)  # the rest of the output, up to EOF
         with self._lock:
             tails = {r: tuple(t) for r, t in self._tails.items()}
             stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None

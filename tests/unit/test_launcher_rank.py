@@ -69,6 +69,7 @@ def test_wrapper_sets_variables_and_passes_exit_code(tmp_path):
                      " sys.exit(3)", tmp_path)  # fmt: skip
     assert done.returncode == 3
     assert done.stdout.strip() == "3 algo-2"
+    assert done.stderr.splitlines()[0] == "shoal-rank: rank 3 of 4 (local 1 of 2) on algo-2"
     record = json.loads(done.stderr.strip().splitlines()[-1].split(" ", 1)[1])
     assert record["rank"] == 3 and record["exit_code"] == 3 and record["host"] == "algo-2"
 

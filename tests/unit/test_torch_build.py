@@ -91,3 +91,12 @@ def test_exclusive_lock_is_released_when_the_holder_dies(tmp_path):
     holder.join(10)
     with build.exclusive_lock(tmp_path / "dir"):
         pass
+
+
+def test_build_failures_are_runtime_failures(tmp_path):
+    import pytest
+    from shoal.errors import RuntimeFailure
+
+    with pytest.raises(RuntimeFailure, match="c10d extension in .* failed.*no compiler"):
+        with build._explained(tmp_path):
+            raise RuntimeError("no compiler")

@@ -97,7 +97,7 @@ def _build_and_load(verbose: bool):
     sources = source_files()
     digest = source_digest([*sources, *header_files(include_dir)], flags=(*CFLAGS, *ldflags))
     directory = build_directory(cache_root(), torch.__version__, digest)
-    with exclusive_lock(directory):
+    with exclusive_lock(directory), _explained(directory):
         return cpp_extension.load(
             name=EXTENSION_NAME,
             sources=[str(path) for path in sources],
@@ -107,3 +107,17 @@ def _build_and_load(verbose: bool):
             build_directory=str(directory),
             verbose=verbose,
         )
+
+
+@contextmanager
+def _explained(directory: Path):
+    """Build failures as Shoal's RuntimeFailure, saying where the build ran."""
+    from shoal.errors import RuntimeFailure
+
+    try:
+        yield
+    except (RuntimeError, OSError, ImportError) as error:
+        raise RuntimeFailure(
+            f"building Shoal's c10d extension in {directory} failed (a C++ compiler and the "
+            f"collective core are needed; SHOAL_EXTENSION_DIR moves the cache): {error}"
+        ) from error

@@ -161,3 +161,17 @@ def test_sum_and_average_pass_gradients_back_min_and_max_do_not(sdp):
         return tape.gradient(y, x)
 
     assert in_graph().numpy().tolist() == [2.0, 2.0]
+
+
+def test_a_failed_collective_raises_shoals_error_eagerly_and_names_it_in_graphs(sdp, monkeypatch):
+    from shoal.dataparallel.tensorflow import wire
+    from shoal.errors import CollectiveTimeoutError
+
+    def timed_out(arrays, op, bucket_bytes=None):
+        raise CollectiveTimeoutError("peers did not reach allreduce within 20 s")
+
+    monkeypatch.setattr(wire, "reduce_arrays", timed_out)
+    with pytest.raises(CollectiveTimeoutError, match="within 20 s"):
+        sdp.allreduce(tf.constant([1.0]), 0, 1)
+    with pytest.raises(tf.errors.OpError, match="CollectiveTimeoutError: peers did not reach"):
+        tf.function(lambda t: sdp.allreduce(t, 0, 1))(tf.constant([1.0]))

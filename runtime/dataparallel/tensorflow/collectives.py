@@ -5,7 +5,9 @@ Each collective is one ``tf.numpy_function`` (a stateful op, so ``tf.function`` 
 collectives in program order on every rank) over the numpy side in ``wire``. Grouped
 reductions pack their tensors into one flat buffer per dtype (``fusion``) inside the graph,
 so that a model's many small gradients cost one op and a few collectives. Graphs compiled
-with XLA (``jit_compile=True``) cannot hold these ops.
+with XLA (``jit_compile=True``) cannot hold these ops. A failed collective raises Shoal's
+error (``CollectiveTimeoutError``, ``PeerLostError``) eagerly; inside ``tf.function``,
+TensorFlow raises a ``tf.errors.OpError`` whose message names it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,11 @@ def DistributedOptimizer(optimizer, name: str | None = None, use_locking: bool =
                          device_dense=None, device_sparse=None, compression=Compression.none,
                          sparse_as_dense: bool = False, op: ReduceOp | None = ReduceOp.AVERAGE,
                          bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB):
-    """Wraps ``optimizer`` so that it applies gradients averaged across ranks."""
+    """Wraps ``optimizer`` so that it applies gradients averaged across ranks.
+
+    A Keras optimizer is returned itself, wrapped in place; ``name`` and ``use_locking``
+    apply to TF1 optimizers, which get a wrapper object.
+    """
     reject_unsupported(device_dense=device_dense, device_sparse=device_sparse)
     settings = ReduceSettings(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                               bucket_cap_mb=bucket_cap_mb)

@@ -182,7 +182,7 @@ def _parse_hello(line: bytes) -> dict:
 
 
 def wait_for_outcome(master: str, port: int = STATUS_PORT, connect_timeout: float = 3600.0,
-                     interval: float = 1.0, me: str = "",
+                     interval: float = 0.25, me: str = "",
                      failed: str | None = None) -> JobStatus:  # fmt: skip
     """The worker's side: report to the master, block until it sends the outcome.
 

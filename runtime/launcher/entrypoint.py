@@ -188,6 +188,11 @@ def run_master(launch: Launch) -> int:
     try:
         keep = [sshd.pid] if sshd else []
         outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
+        if launch.simulated and outcome.never_started and not outcome.stopped_by:
+            # Simulated hosts share one loaded machine; a daemon that did not come up in
+            # time ran nothing of the job, so starting mpirun once more is safe.
+            log.warning("mpirun could not start its daemons; starting it once more")
+            outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:

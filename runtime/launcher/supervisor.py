@@ -39,6 +39,11 @@ _SIGNALLED = re.compile(
 _PROC_NAME = re.compile(r"Process name:\s+\[\[\d+,\d+\],(\d+)\]")
 _EXIT_CODE = re.compile(r"Exit code:\s+(\d+)")
 _PR_SET_CHILD_SUBREAPER = 36
+# mpirun could not start its daemons: nothing of the job ran.
+_DAEMON_FAILURE = re.compile(
+    r"ORTE was unable to reliably start one or more daemons|orte_init failed|"
+    r"ORTE does not know how to route a message"
+)
 
 
 @attrs.frozen
@@ -59,6 +64,12 @@ class Outcome:
     rank_tails: dict = attrs.field(factory=dict)
     tail: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     stopped_by: str | None = None
+    daemons_failed: bool = False
+
+    @property
+    def never_started(self) -> bool:
+        """mpirun failed to start its daemons and no rank printed anything."""
+        return self.daemons_failed and not self.rank_tails
 
     @property
     def ok(self) -> bool:
@@ -142,6 +153,7 @@ class Supervisor:
         self._failure: RankFailure | None = None
         self._failure_at: float | None = None
         self._pending_proc: int | None = None
+        self._daemons_failed = False
         self._stop_signal: int | None = None
         self._stop_at: float | None = None
         self.proc: subprocess.Popen | None = None
@@ -171,6 +183,8 @@ class Supervisor:
             self._failure_at = time.monotonic()
 
     def _scan(self, text: str, rank: int | None) -> None:
+        if rank is None and _DAEMON_FAILURE.search(text):
+            self._daemons_failed = True
         stripped = text.strip()
         if stripped.startswith(FAILURE_MARKER):
             try:
@@ -254,7 +268,8 @@ class Supervisor:
         with self._lock:
             tails = {r: tuple(t) for r, t in self._tails.items()}
             stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None
-            return Outcome(code, self.argv, self._failure, tails, tuple(self._tail), stopped)
+            return Outcome(code, self.argv, self._failure, tails, tuple(self._tail), stopped,
+                           self._daemons_failed)
 
     def run(self) -> Outcome:
         self.start()

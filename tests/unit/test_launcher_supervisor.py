@@ -81,3 +81,15 @@ def test_stop_ends_the_whole_tree_even_when_sigterm_is_ignored():
     assert outcome.returncode == -signal.SIGKILL
     time.sleep(0.2)
     assert _descendants_alive(pids) == []
+
+
+def test_daemon_start_failure_without_rank_output_is_recognised():
+    sup = make(argv=[sys.executable, "-c",
+                     "import sys; print('ORTE was unable to reliably start one or more daemons.');"
+                     " sys.exit(213)"])  # fmt: skip
+    outcome = sup.run()
+    assert outcome.daemons_failed and outcome.never_started
+    sup = make(argv=[sys.executable, "-c",
+                     "import sys; print('[1,0]<stdout>:hi'); print('orte_init failed'); sys.exit(1)"])
+    outcome = sup.run()
+    assert outcome.daemons_failed and not outcome.never_started

@@ -75,6 +75,7 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
     job_.barrier(cfg_.timeout_ms);
     if (t.local_rank == 0) seg_->unlink();
   } catch (...) {
+    if (seg_ && job_.topo.local_rank == 0) seg_->unlink();  // never leak the name
     job_.close_all();
     throw;
   }

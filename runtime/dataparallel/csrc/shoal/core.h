@@ -106,7 +106,8 @@ using WorkPtr = std::shared_ptr<Work>;
 // shared memory. Idempotent: later calls return the same topology.
 const Topology& init();
 bool is_initialized();
-const Topology& topology();  // throws Usage if not initialized
+// Throws Usage if not initialized; the reference is valid until shutdown().
+const Topology& topology();
 // Local cleanup only (no collective): drains queued work, stops the worker,
 // unmaps memory, closes sockets. init() may be called again afterwards (all
 // ranks together).

@@ -106,9 +106,13 @@ def build_image(options: render.BuildOptions, *, source_root: Path | None = None
     """Render, write the context, build; returns the local image name."""
     builder = builder or detect_builder()
     tag = tag or options.local_name
-    dockerfile = render.render_dockerfile(options)
     source_root = source_root or context.default_source_root()
-    context.check_python(options.python_version, (Path(source_root) / "setup.cfg").read_text())
+    setup_cfg = (Path(source_root) / "setup.cfg").read_text()
+    context.check_python(options.python_version, setup_cfg)
+    # The label names the version being built, not the one this process runs.
+    options = attrs.evolve(options, shoal_version=context.source_version(setup_cfg)
+                           or options.shoal_version)
+    dockerfile = render.render_dockerfile(options)
     with tempfile.TemporaryDirectory(prefix="shoal-image-") as scratch:
         ctx = context.write_context(keep_context or Path(scratch) / "context",
                                     dockerfile, source_root, options.ca_certificates)

@@ -75,6 +75,13 @@ def requirements(setup_cfg: str, extras: tuple[str, ...] = ("mpi",)) -> str:
     return "".join(f"{line.strip()}\n" for line in lines if line.strip())
 
 
+def source_version(setup_cfg: str) -> str | None:
+    """The version the source tree declares (``[metadata] version``)."""
+    config = configparser.ConfigParser()
+    config.read_string(setup_cfg)
+    return config.get("metadata", "version", fallback=None)
+
+
 def minimum_python(setup_cfg: str) -> tuple[int, int] | None:
     """The lowest Python ``python_requires`` (``>=X.Y``) admits, None when it says none."""
     config = configparser.ConfigParser()

@@ -73,7 +73,7 @@ def test_build_image_writes_the_context_and_runs_the_builder(monkeypatch, tmp_pa
     name = builders.build_image(options, source_root=REPO, builder="buildah", buildah=VFS)
     assert name == "shoal-tensorflow-training:2.11.0-cpu-py39"
     assert seen["argv"][seen["argv"].index("--tag") + 1] == name
-    assert seen["dockerfile"] == render.render_dockerfile(options)
+    assert seen["dockerfile"] == render.render_dockerfile(options)  # same version label here
     assert seen["has_setup"]
 
 
@@ -107,3 +107,16 @@ def test_buildahs_own_storage_driver_variable_wins(monkeypatch):
     assert builders.Buildah().storage_driver == "vfs"
     monkeypatch.setenv("STORAGE_DRIVER", "overlay")
     assert builders.detect_storage_driver() == "overlay"
+
+
+def test_the_label_carries_the_source_trees_version(monkeypatch, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "setup.py").write_text("")
+    (src / "setup.cfg").write_text("[metadata]\nversion = 7.7.7\n[options]\npython_requires = >=3.9\n")
+    seen = {}
+    monkeypatch.setattr(builders, "run",
+                        lambda argv, stdin=None: seen.update(text=(Path(argv[-1]) / "Dockerfile").read_text()))
+    options = render.BuildOptions("pytorch", "1.13.1", "cpu", shoal_version="0.0.1")
+    builders.build_image(options, source_root=src, builder="buildah", buildah=VFS)
+    assert 'ai.shoal.version="7.7.7"' in seen["text"]

@@ -23,6 +23,7 @@ from .backend import BACKEND_NAME, register_backend, shoal_error_from
 
 __all__ = [
     "ReduceOp",
+    "Work",
     "all_gather",
     "all_reduce",
     "barrier",

@@ -227,13 +227,23 @@ pytestmark = [
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_one_host(ranks):
     extra = {"CHECK_BIG": "1"} if ranks in (2, 4) else {}
+    if ranks == 3:
+        # Every size through the single-copy path (peers' buffers read directly).
+        extra["SHOAL_SINGLE_COPY_BYTES"] = "1"
     run_mpi(ranks, extra)
 
 
 def test_small_chunks_and_no_fusion():
-    # Tiny shared-memory slots: every size spans many chunks; fusion disabled.
+    # Tiny shared-memory slots and no single copy: every size spans many
+    # chunks of the pipelined shared-memory path; fusion disabled.
     run_mpi(3, {"SHOAL_SHM_CHUNK_BYTES": "4096", "SHOAL_SMALL_BYTES": "0",
-                "SHOAL_FUSION_THRESHOLD_BYTES": "0"})
+                "SHOAL_FUSION_THRESHOLD_BYTES": "0", "SHOAL_SINGLE_COPY_BYTES": "0"})
+
+
+def test_two_ranks_through_shared_slots():
+    # Two local ranks without single copy: one handshake per chunk, many chunks.
+    run_mpi(2, {"SHOAL_SINGLE_COPY_BYTES": "0", "SHOAL_SHM_CHUNK_BYTES": "65536",
+                "CHECK_BIG": "1"})
 
 
 @pytest.mark.slow

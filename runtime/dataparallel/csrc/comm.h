@@ -36,6 +36,11 @@ class Comm {
     std::vector<uint64_t> previous;  // kUnused when the set is fresh
   };
   Plan plan(uint64_t first_chunk, std::size_t chunks);
+  bool probe_single_copy();
+  void read_peer(int local, uint64_t remote, void* local_buf, std::size_t bytes, const std::string& name);
+  void wait_counter(Counter which, uint64_t target, const std::string& name);
+  void allreduce_single_copy(char* data, std::size_t count, DType dtype, ReduceOp op,
+                             const std::string& name);
   std::vector<int> lagging(uint64_t copy, uint64_t posted_needs, uint64_t reduced_needs,
                            uint64_t end, uint64_t copy_needs) const;
   struct Slice {
@@ -55,6 +60,9 @@ class Comm {
   uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin
   std::vector<uint64_t> last_use_;  // per slot set: the last chunk that used it
   int next_set_ = 0;
+  bool single_copy_ = false;  // every local rank can read its peers' memory
+  uint64_t probe_word_ = 0;
+  std::vector<char> pieces_;
   std::vector<char> scratch_;
   std::vector<std::vector<char>> out_, in_;  // inter-host staging, per host
 };

@@ -64,6 +64,8 @@ std::string join(const std::vector<int>& ranks) {
 
 struct alignas(64) RankState {
   std::atomic<uint64_t> counter[3];
+  std::atomic<uint64_t> address;
+  std::atomic<int32_t> can_read;
 };
 
 struct HostSegment::Control {
@@ -128,8 +130,11 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
     ctl_->slot_bytes = slot_bytes_;
     ctl_->depth = (uint32_t)depth_;
     ctl_->abort_rank.store(-1);
-    for (int i = 0; i < kMaxLocal; ++i)
+    for (int i = 0; i < kMaxLocal; ++i) {
       for (auto& c : ctl_->ranks[i].counter) c.store(0);
+      ctl_->ranks[i].address.store(0);
+      ctl_->ranks[i].can_read.store(0);
+    }
     std::atomic_thread_fence(std::memory_order_seq_cst);
     ctl_->magic = kMagic;
   } else if (ctl_->magic != kMagic || ctl_->local_size != (uint32_t)local_size ||
@@ -165,6 +170,11 @@ uint64_t HostSegment::min(Counter which) const {
   for (std::size_t i = 0; i < peers_.size(); ++i) m = std::min(m, get(which, (int)i));
   return m;
 }
+
+void HostSegment::set_address(uint64_t address) { ctl_->ranks[local_rank_].address.store(address); }
+uint64_t HostSegment::address(int local_rank) const { return ctl_->ranks[local_rank].address.load(); }
+void HostSegment::set_can_read(bool ok) { ctl_->ranks[local_rank_].can_read.store(ok ? 1 : 0); }
+bool HostSegment::can_read(int local_rank) const { return ctl_->ranks[local_rank].can_read.load() == 1; }
 
 uint32_t HostSegment::version() const { return ctl_->futex_word.load(); }
 

@@ -44,6 +44,13 @@ class HostSegment {
   void publish(Counter which, uint64_t value);
   uint64_t get(Counter which, int local_rank) const;
   uint64_t min(Counter which) const;
+  // Single copy: where this rank's buffer of the current operation lives, and
+  // whether this rank can read its local peers' memory (process_vm_readv).
+  void set_address(uint64_t address);
+  uint64_t address(int local_rank) const;
+  void set_can_read(bool ok);
+  bool can_read(int local_rank) const;
+  int pid(int local_rank) const { return peers_[local_rank].pid; }
   // Changes whenever any local rank publishes: read it before deciding to wait.
   uint32_t version() const;
   // Blocks until the version differs from `seen` or a poll interval passed.

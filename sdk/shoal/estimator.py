@@ -18,7 +18,7 @@ import warnings
 
 import attrs
 
-from shoal import image_uris, limits, naming, secrets
+from shoal import advisor, image_uris, limits, naming, secrets
 from shoal import request as request_
 from shoal.backends import backend_for
 from shoal.errors import ValidationError
@@ -102,9 +102,12 @@ class EstimatorBase:
                  disable_profiler=False, environment=None, max_retry_attempts=None,
                  source_dir=None, hyperparameters=None, container_log_level=logging.INFO,
                  code_location=None, entry_point=None, dependencies=None, instance_groups=None,
-                 disable_output_compression=False, allow_secrets=False, **kwargs):
+                 disable_output_compression=False, allow_secrets=False, advice=None, **kwargs):
         params = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         apply_renamed(params, dict(kwargs))
+        # "warn" (the default, or $SHOAL_ADVICE), "strict" or "off": see shoal.advisor
+        params.pop("advice")
+        object.__setattr__(self, "advice", None if advice is None else advisor.mode(advice))
         session = params.pop("sagemaker_session")
         object.__setattr__(self, "_hyperparameters", dict(params.pop("hyperparameters") or {}))
         object.__setattr__(self, "config", TrainingConfig(**params))
@@ -269,6 +272,7 @@ class EstimatorBase:
         is uploaded, so an invalid job sends nothing to AWS."""
         job_name = self._prepare_for_training(job_name)
         request = self.build_request(inputs, job_name)
+        advisor.review(self, inputs)  # logs the tips once; raises only in strict mode
         self._stage_code(job_name)
         self.latest_training_job = self._backend().submit(request)
         if wait:

@@ -372,6 +372,16 @@ def _mount_image_commands() -> None:
 _mount_image_commands()
 
 
+def _mount_advice_commands() -> None:
+    from .advice_commands import advise, plan
+
+    cli.add_command(advise, name="advise")
+    cli.add_command(plan, name="plan")
+
+
+_mount_advice_commands()
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and turn errors into exit codes."""
     try:

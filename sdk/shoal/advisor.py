@@ -598,8 +598,9 @@ def check_manual_partition(job: JobView) -> list[Finding]:
         "auto_partition: True", TIP_PARTITIONING)]
 
 
+# smp.rank() inside shard(...), seed(...) or DistributedSampler(..., rank=...)
 _RANK_SHARD = re.compile(
-    r"(shard\([^)]*|seed\([^)]*|DistributedSampler\([^)]*rank\s*=\s*)smp\.rank\(\)")
+    r"(shard|seed|DistributedSampler)\((?:[^()]|\(\))*?\bsmp\.rank\(\)")
 
 
 def check_dp_rank(job: JobView) -> list[Finding]:

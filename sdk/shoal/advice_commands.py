@@ -7,6 +7,7 @@ topology`` prints the planner's tables (rich) or, with ``--output json``, JSON.
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 
@@ -27,8 +28,19 @@ def _emit_json(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def _table(title: str, columns, rows) -> None:
+def _console():
+    """A rich console whose text goes out through click (so CliRunner and pipes see it)."""
     from rich.console import Console
+
+    return Console(file=io.StringIO(), width=120, highlight=False,
+                   force_terminal=sys.stdout.isatty())
+
+
+def _flush(console) -> None:
+    click.echo(console.file.getvalue(), nl=False)
+
+
+def _table(title: str, columns, rows) -> None:
     from rich.table import Table
 
     table = Table(title=title)
@@ -36,7 +48,9 @@ def _table(title: str, columns, rows) -> None:
         table.add_column(column)
     for row in rows:
         table.add_row(*(str(cell) for cell in row))
-    Console(file=click.get_text_stream("stdout"), width=120).print(table)
+    console = _console()
+    console.print(table)
+    _flush(console)
 
 
 def _estimator(spec):
@@ -83,13 +97,14 @@ def _print_findings(findings) -> None:
     if not findings:
         click.echo("no findings")
         return
-    from rich.console import Console
+    from rich.markup import escape
 
-    console = Console(file=click.get_text_stream("stdout"), width=120, highlight=False)
+    console = _console()
     for f in findings:
-        console.print(f"[{STYLE[f.severity]}]{f.code} {f.severity}[/]: {f.message}", markup=True)
+        console.print(f"[{STYLE[f.severity]}]{f.code} {f.severity}[/]: {escape(f.message)}")
         console.print(f"  fix: {f.fix}", markup=False)
         console.print(f"  tip: {f.source}", markup=False)
+    _flush(console)
 
 
 # -- plan ------------------------------------------------------------------------------------

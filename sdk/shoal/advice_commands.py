@@ -53,17 +53,6 @@ def _table(title: str, columns, rows) -> None:
     _flush(console)
 
 
-def _estimator(spec):
-    """The job file's estimator, built without any AWS call (a session that only has a region)."""
-    import boto3
-
-    from shoal.session import LOCAL_REGION, Session
-
-    session = Session(boto_session=boto3.Session(region_name=spec.region or LOCAL_REGION),
-                      local_mode=spec.is_local)
-    return config_mod.build_estimator(spec, sagemaker_session=session)
-
-
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--script", type=click.Path(exists=True, dir_okay=False),
@@ -76,7 +65,7 @@ def _estimator(spec):
 def advise(job_file, script, dataset_gb, epoch_seconds, dataset_size, strict, output):
     """Check JOB_FILE against the distributed training tips and pitfalls."""
     spec = config_mod.resolve(job_file)
-    estimator = _estimator(spec)
+    estimator = advisor.estimator_for_spec(spec)
     if script:
         with open(script, encoding="utf-8", errors="replace") as handle:
             text = handle.read(advisor.MAX_SCRIPT_BYTES)

@@ -24,10 +24,12 @@ import attrs
 import botocore.exceptions
 import botocore.session
 
+from shoal import config as config_mod
 from shoal import inputs as inputs_
 from shoal import planner
 from shoal.containers import matrix
 from shoal.errors import ValidationError
+from shoal.request import TrainingConfig
 
 log = logging.getLogger("shoal.advisor")
 
@@ -42,8 +44,8 @@ TIP_DEBUGGER = "Debug Scaling Efficiency with Debugger"
 TIP_BATCH = "Batch Size"
 TIP_MPI = "Custom MPI Options"
 TIP_FSX = "Use Amazon FSx and set up an optimal storage and throughput capacity"
-TIP_CUDA = "Distributed data parallel: supports only CUDA 11"
-TIP_REGION = "Customize your training script: input data in the job's region"
+TIP_CUDA = "Distributed data parallel: Important (CUDA 11 only)"
+TIP_REGION = "Customize your training script"
 TIP_MICROBATCHES = "Batch Size and Number of Microbatches"
 TIP_PARTITIONING = "Manual Partitioning"
 TIP_DATA_PREPARATION = "Data Preparation"
@@ -120,7 +122,8 @@ def advise(estimator_or_config, inputs=None, *, region: str | None = None,
            dataset_size: int | None = None) -> list[Finding]:
     """Every finding for a job, errors first.
 
-    ``estimator_or_config`` is a Shoal estimator or a ``JobView``. ``region`` defaults to the
+    ``estimator_or_config`` is a Shoal estimator, a job file's ``JobSpec`` (its inputs and
+    region are the defaults), a ``TrainingConfig`` alone, or a ``JobView``. ``region`` defaults to the
     estimator's session's. ``dataset_gb``/``epoch_seconds`` size FSx for Lustre; ``dataset_size``
     (samples) checks the last batch against the model-parallel microbatches.
     """
@@ -144,9 +147,17 @@ def view(estimator_or_config, inputs=None, *, region=None, script_text=None,
         changes["region"] = region or job.region
         changes["script_text"] = script_text if script_text is not None else job.script_text
         return attrs.evolve(job, **changes)
+    if isinstance(estimator_or_config, config_mod.JobSpec):
+        spec = estimator_or_config
+        return view(estimator_for_spec(spec), inputs if inputs is not None else spec.inputs,
+                    region=region or spec.region, script_text=script_text, hints=hints)
+    if isinstance(estimator_or_config, TrainingConfig):
+        return JobView(config=estimator_or_config, inputs=parsed, region=region,
+                       script_text=script_text, hints=hints)
     est = estimator_or_config
     if not hasattr(est, "config"):
-        raise TypeError(f"advise() needs a Shoal estimator or a JobView (got {type(est).__name__})")
+        raise TypeError("advise() needs a Shoal estimator, a JobSpec, a TrainingConfig or a "
+                        f"JobView (got {type(est).__name__})")
     session = getattr(est, "sagemaker_session", None)
     if region is None and session is not None and not est.config.local_mode:
         region = getattr(session, "region", None)
@@ -157,6 +168,17 @@ def view(estimator_or_config, inputs=None, *, region=None, script_text=None,
         framework_version=getattr(est, "framework_version", None),
         py_version=getattr(est, "py_version", None), inputs=parsed, region=region,
         script_text=script_text, hints=hints)
+
+
+def estimator_for_spec(spec):
+    """A job file's estimator, built without any AWS call (its session only has a region)."""
+    import boto3
+
+    from shoal.session import LOCAL_REGION, Session
+
+    session = Session(boto_session=boto3.Session(region_name=spec.region or LOCAL_REGION),
+                      local_mode=spec.is_local)
+    return config_mod.build_estimator(spec, sagemaker_session=session)
 
 
 def mode(option: str | None = None) -> str:

@@ -444,3 +444,22 @@ def test_read_script_only_reads_local_files(tmp_path):
     assert advisor.read_script(est.config) == "print(1)\n"
     assert advisor.read_script(pytorch(source_dir="s3://bucket/code.tar.gz").config) is None
     assert advisor.read_script(pytorch(entry_point="missing.py").config) is None
+
+
+def test_a_job_spec_brings_its_inputs_and_region():
+    from shoal.config import parse_spec
+
+    spec = parse_spec({"framework": "pytorch", "entry_point": "train.py", "role": ROLE,
+                       "framework_version": "1.13.1", "py_version": "py39",
+                       "region": "eu-west-1", "instance_type": "ml.p4d.24xlarge",
+                       "instance_count": 1, "distribution": SMDDP,
+                       "inputs": {"train": "s3://data-us-east-1/train"}})
+    findings = advisor.advise(spec)
+    assert codes(findings) == ["SHOAL-DP003", "SHOAL-DP001"]
+    assert "job runs in eu-west-1" in findings[0].message
+
+
+def test_a_training_config_alone_gets_the_checks_it_can_answer():
+    config = pytorch(disable_profiler=True, instance_count=3).config
+    findings = advisor.advise(config, "s3://data-eu-west-1/x", region=REGION)
+    assert codes(findings) == ["SHOAL-DP003", "SHOAL-DP010"]

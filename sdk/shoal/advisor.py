@@ -13,6 +13,7 @@ raises ``ValidationError`` for error findings; ``SHOAL_ADVICE=off`` silences it.
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
 import os
@@ -583,18 +584,63 @@ def check_microbatches(job: JobView) -> list[Finding]:
 
 _DROP_FIX = ("set drop_last=True in the DataLoader (PyTorch) or drop_remainder=True in "
              "tf.data's batch() (TensorFlow), or skip the last batch by hand")
-_LOADER = re.compile(r"DataLoader\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
-_TF_BATCH = re.compile(r"\.batch\(([^()]*)\)")
+# ---------------------------------------------------------------- reading the script
+
+
+def _syntax(text: str | None):
+    """The script's syntax tree, None when it is absent or does not parse."""
+    if not text:
+        return None
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _called(node: ast.Call) -> str:
+    """The dotted name a call calls: ``smp.rank`` for ``smp.rank()``, ``.batch`` for ``x.batch()``."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        owner = func.value.id + "." if isinstance(func.value, ast.Name) else "."
+        return owner + func.attr
+    return ""
+
+
+def _calls(tree) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+
+
+def _keyword_true(call: ast.Call, name: str) -> bool:
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            value = keyword.value
+            return not (isinstance(value, ast.Constant) and not value.value)
+        if keyword.arg is None:
+            return True  # **kwargs may carry it
+    return False
+
+
+def batches_keeping_the_last(text: str) -> list[str]:
+    """DataLoader(...) and tf.data .batch(...) calls that keep the epoch's last, smaller batch."""
+    tree = _syntax(text)
+    if tree is None:
+        return []
+    found = []
+    for call in _calls(tree):
+        name = _called(call)
+        loader = name.endswith("DataLoader") and not _keyword_true(call, "drop_last")
+        batch = name.endswith(".batch") and not _keyword_true(call, "drop_remainder")
+        if loader or batch:
+            found.append(ast.get_source_segment(text, call) or name)
+    return found
 
 
 def check_drop_last(job: JobView) -> list[Finding]:
-    if _mp_parameters(job) is None or not job.script_text:
+    if _mp_parameters(job) is None:
         return []
-    text = job.script_text
-    missing = [f"DataLoader({m[1].strip()[:40]})" for m in _LOADER.finditer(text)
-               if "drop_last" not in m[1]]
-    missing += [f".batch({m[1].strip()[:40]})" for m in _TF_BATCH.finditer(text)
-                if "drop_remainder" not in m[1]]
+    missing = batches_keeping_the_last(job.script_text or "")
     if not missing:
         return []
     return [Finding(
@@ -620,56 +666,101 @@ def check_manual_partition(job: JobView) -> list[Finding]:
         "auto_partition: True", TIP_PARTITIONING)]
 
 
-# smp.rank() inside shard(...), seed(...) or DistributedSampler(..., rank=...)
-_RANK_SHARD = re.compile(
-    r"(shard|seed|DistributedSampler)\((?:[^()]|\(\))*?\bsmp\.rank\(\)")
+# Calls that shard or seed data; smp.rank() in their arguments splits a model replica's ranks.
+_SHARDING_CALLS = ("shard", "seed", "manual_seed", "set_seed", "DistributedSampler")
+
+
+def shards_by_rank(text: str) -> list[str]:
+    """Sharding or seeding calls whose arguments use ``smp.rank()``."""
+    tree = _syntax(text)
+    if tree is None:
+        return []
+    found = []
+    for call in _calls(tree):
+        if _called(call).rsplit(".", 1)[-1] not in _SHARDING_CALLS:
+            continue
+        arguments = [*call.args, *(k.value for k in call.keywords)]
+        if any(_called(inner) == "smp.rank" for arg in arguments for inner in _calls(arg)):
+            found.append(ast.get_source_segment(text, call) or _called(call))
+    return found
 
 
 def check_dp_rank(job: JobView) -> list[Finding]:
-    if not job.modelparallel or not job.script_text:
+    if not job.modelparallel:
         return []
-    if not _RANK_SHARD.search(job.script_text):
+    found = shards_by_rank(job.script_text or "")
+    if not found:
         return []
     return [Finding(
         "SHOAL-MP005", "warning",
-        "the script shards or seeds its data with smp.rank(): ranks of one model replica "
-        "then see different data",
+        f"the script shards or seeds its data with smp.rank() ({', '.join(found)}): ranks "
+        "of one model replica then see different data",
         "index shards and seed shuffling with smp.dp_rank() (and smp.dp_size())",
         TIP_DATA_PREPARATION)]
 
 
-_STEP = re.compile(r"@smp\.step(\([^)]*\))?\s*\n\s*def\s+\w+\(([^)]*)\)")
+def _is_smp_step(decorator) -> tuple[bool, bool]:
+    """(is it smp.step, does it name non_split_inputs)."""
+    call = decorator if isinstance(decorator, ast.Call) else None
+    target = call.func if call else decorator
+    is_step = (isinstance(target, ast.Attribute) and target.attr == "step"
+               and isinstance(target.value, ast.Name) and target.value.id == "smp")
+    return is_step, bool(call and any(k.arg == "non_split_inputs" for k in call.keywords))
+
+
+def step_functions_without_non_split_inputs(text: str) -> list[tuple[str, list[str]]]:
+    """smp.step functions taking more than two tensors and no ``non_split_inputs``."""
+    tree = _syntax(text)
+    if tree is None:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for decorator in node.decorator_list:
+            is_step, named = _is_smp_step(decorator)
+            arguments = [a.arg for a in node.args.args if a.arg not in ("self", "model")]
+            if is_step and not named and len(arguments) > 2:
+                found.append((node.name, arguments))
+    return found
 
 
 def check_step_inputs(job: JobView) -> list[Finding]:
-    if not job.modelparallel or not job.script_text:
+    if not job.modelparallel:
         return []
-    findings = []
-    for match in _STEP.finditer(job.script_text):
-        decorator, arguments = match[1] or "", match[2]
-        names = [a.split(":")[0].split("=")[0].strip() for a in arguments.split(",")]
-        tensors = [n for n in names if n and n not in ("model", "self") and not n.startswith("*")]
-        if len(tensors) > 2 and "non_split_inputs" not in decorator:
-            findings.append(Finding(
-                "SHOAL-MP006", "info",
-                f"an smp.step function takes {tensors}: an argument without a batch "
-                "dimension would be split into microbatches",
-                "list such arguments by name: @smp.step(non_split_inputs=[...])", TIP_STEP))
-    return findings
+    return [Finding(
+        "SHOAL-MP006", "info",
+        f"smp.step function {name}() takes {arguments}: an argument without a batch "
+        "dimension would be split into microbatches",
+        "list such arguments by name: @smp.step(non_split_inputs=[...])", TIP_STEP)
+        for name, arguments in step_functions_without_non_split_inputs(job.script_text or "")]
 
 
-_FORWARD_TUPLE = re.compile(r"def forward\(self[^)]*\):(?:(?!\ndef |\nclass ).)*?\n\s+return\s+"
-                            r"[^\n#]+,[^\n]*", re.DOTALL)
+def forwards_returning_several(text: str) -> list[str]:
+    """Classes whose forward() returns a tuple of two or more values."""
+    tree = _syntax(text)
+    if tree is None:
+        return []
+    found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for method in cls.body:
+            if not (isinstance(method, ast.FunctionDef) and method.name == "forward"):
+                continue
+            returns = [n for n in ast.walk(method) if isinstance(n, ast.Return)]
+            if any(isinstance(r.value, ast.Tuple) and len(r.value.elts) > 1 for r in returns):
+                found.append(cls.name)
+    return found
 
 
 def check_forward_outputs(job: JobView) -> list[Finding]:
-    if not job.modelparallel or not job.script_text:
+    if not job.modelparallel or "DistributedModel" not in (job.script_text or ""):
         return []
-    if "DistributedModel" not in job.script_text or not _FORWARD_TUPLE.search(job.script_text):
+    classes = forwards_returning_several(job.script_text)
+    if not classes:
         return []
     return [Finding(
         "SHOAL-MP007", "info",
-        "a model's forward() returns several tensors: every tensor returned from "
+        f"forward() of {classes} returns several tensors: every tensor returned from "
         "smp.DistributedModel is broadcast to all ranks",
         "return only what the training step needs; keep intermediate activations inside "
         "forward()", TIP_RETURNING)]

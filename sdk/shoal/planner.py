@@ -38,6 +38,13 @@ def _at_least_one(_, attribute, value):
         raise ValidationError(f"'{attribute.name}' must be >= 1 (got {value!r})")
 
 
+def _non_negative(_, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"'{attribute.name}' must be an int (got {value!r})")
+    if value < 0:
+        raise ValidationError(f"'{attribute.name}' must be >= 0 (got {value!r})")
+
+
 def _optional(validator):
     def check(instance, attribute, value):
         if value is not None:
@@ -180,7 +187,7 @@ class LearningRatePlan:
     base_lr: float = attrs.field(validator=_positive)
     base_batch: int = attrs.field(validator=_at_least_one)
     new_global_batch: int = attrs.field(validator=_at_least_one)
-    warmup_steps: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    warmup_steps: int = attrs.field(default=0, validator=_non_negative)
 
     @property
     def factor(self) -> float:

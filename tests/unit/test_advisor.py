@@ -331,10 +331,13 @@ def test_step_with_more_inputs_needs_non_split_inputs():
     finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP006")
     assert "['data', 'target', 'scale']" in finding.message
     assert "non_split_inputs" in finding.fix
-    named = "@smp.step(non_split_inputs=['scale'])\ndef train_step(model, data, target, scale):\n"
+    named = ("@smp.step(non_split_inputs=['scale'])\n"
+             "def train_step(model, data, target, scale):\n    pass\n")
     assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=named))
-    plain = "@smp.step\ndef train_step(model, data, target):\n"
+    plain = "@smp.step\ndef train_step(model, data, target):\n    pass\n"
     assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=plain))
+    other = "@tf.function\ndef train_step(model, data, target, scale):\n    pass\n"
+    assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=other))
 
 
 def test_forward_returning_intermediate_tensors():
@@ -342,8 +345,26 @@ def test_forward_returning_intermediate_tensors():
               "        return self.b(h), h\n\nmodel = smp.DistributedModel(Net())\n")
     finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP007")
     assert "broadcast to all ranks" in finding.message
-    single = script.replace("return self.b(h), h", "return self.b(h)")
+    assert "forward() of ['Net']" in finding.message
+    for one in ("return self.b(h)", "return F.softmax(self.b(h), dim=1)"):
+        single = script.replace("return self.b(h), h", one)
+        assert advisor.forwards_returning_several(single) == []
     assert "SHOAL-MP007" not in codes(advisor.advise(smp({"partitions": 2}), script_text=single))
+
+
+def test_script_checks_read_the_syntax_not_the_text():
+    assert advisor.batches_keeping_the_last(
+        "a = DataLoader(ds, drop_last=False)\nb = DataLoader(ds, **opts)\n"
+        "c = torch.utils.data.DataLoader(ds, batch_size=4, drop_last=True)\n"
+        "# DataLoader(ds) in a comment\n") == ["DataLoader(ds, drop_last=False)"]
+    assert advisor.shards_by_rank(
+        "sampler = DistributedSampler(ds, num_replicas=smp.dp_size(), rank=smp.rank())\n"
+        "print(smp.rank())\n") == [
+        "DistributedSampler(ds, num_replicas=smp.dp_size(), rank=smp.rank())"]
+    # a script that does not parse gives no script findings rather than guesses
+    broken = "def forward(self, x):\n    return a, b\nDataLoader(ds\n"
+    findings = advisor.advise(smp({"partitions": 2}), script_text=broken + "DistributedModel")
+    assert [c for c in codes(findings) if c in ("SHOAL-MP002", "SHOAL-MP007")] == []
 
 
 # ---------------------------------------------------------------- fit() and the modes

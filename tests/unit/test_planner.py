@@ -84,6 +84,8 @@ def test_no_warmup_is_the_scaled_rate_at_once():
 def test_learning_rate_arguments_are_checked():
     with pytest.raises(ValidationError, match="'base_batch' must be >= 1"):
         planner.scale_learning_rate(0.1, 0, 64)
+    with pytest.raises(ValidationError, match=r"'warmup_steps' must be >= 0 \(got -5\)"):
+        planner.scale_learning_rate(0.1, 32, 64, warmup_steps=-5)
     with pytest.raises(ValidationError, match="'step' must be >= 0"):
         planner.scale_learning_rate(0.1, 1, 2).lr_at(-1)
 

@@ -28,6 +28,7 @@ import botocore.session
 from shoal import config as config_mod
 from shoal import inputs as inputs_
 from shoal import planner
+from shoal.config import PROCESSES_PER_HOST_HP
 from shoal.containers import matrix
 from shoal.errors import ValidationError
 from shoal.request import TrainingConfig
@@ -36,6 +37,7 @@ log = logging.getLogger("shoal.advisor")
 
 SEVERITIES = ("info", "warning", "error")
 MODES = ("warn", "strict", "off")
+LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 ENV_MODE = "SHOAL_ADVICE"
 
 # The tips, by their titles in the libraries' documentation.
@@ -110,8 +112,18 @@ class JobView:
 
     @property
     def processes_per_host(self) -> int | None:
+        """Ranks per host: mpi's setting, the launcher's hyperparameter, else one per GPU."""
         per_host = self.distribution.processes_per_host if self.distribution else None
+        per_host = per_host or _positive_int(self.hyperparameters.get(PROCESSES_PER_HOST_HP))
         return per_host or planner.gpus_per_instance(self.config.instance_type)
+
+
+def _positive_int(value) -> int | None:
+    try:
+        number = int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+    return number if number and number > 0 else None
 
 
 # ---------------------------------------------------------------- entry points
@@ -124,9 +136,10 @@ def advise(estimator_or_config, inputs=None, *, region: str | None = None,
     """Every finding for a job, errors first.
 
     ``estimator_or_config`` is a Shoal estimator, a job file's ``JobSpec`` (its inputs and
-    region are the defaults), a ``TrainingConfig`` alone, or a ``JobView``. ``region`` defaults to the
-    estimator's session's. ``dataset_gb``/``epoch_seconds`` size FSx for Lustre; ``dataset_size``
-    (samples) checks the last batch against the model-parallel microbatches.
+    region are the defaults), a ``TrainingConfig`` alone, or a ``JobView``. ``region``
+    defaults to the estimator's session's (none in local mode: no region check).
+    ``dataset_gb``/``epoch_seconds`` size FSx for Lustre; ``dataset_size`` (samples) checks
+    the last batch against the model-parallel microbatches.
     """
     hints = Hints(dataset_gb, epoch_seconds, dataset_size)
     job = view(estimator_or_config, inputs, region=region, script_text=script_text, hints=hints)
@@ -201,8 +214,7 @@ def review(estimator, inputs=None) -> list[Finding]:
     for finding in findings:
         if finding not in seen:
             seen.add(finding)
-            level = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-            log.log(level[finding.severity], "%s %s: %s Fix: %s", finding.code,
+            log.log(LOG_LEVELS[finding.severity], "%s %s: %s Fix: %s", finding.code,
                     finding.severity, finding.message, finding.fix)
     errors = [f for f in findings if f.severity == "error"]
     if current == "strict" and errors:

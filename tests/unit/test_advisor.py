@@ -241,6 +241,10 @@ def test_mpi_processes_per_host_count_for_the_global_batch():
     dist = {"mpi": {"enabled": True, "processes_per_host": 2}}
     est = pytorch(distribution=dist, hyperparameters={"batch_size": 16, "lr": 0.1})
     assert "x 4 processes" in only(advisor.advise(est), "SHOAL-DP008").message
+    # a job file's processes_per_host travels as the launcher's hyperparameter
+    est = pytorch(hyperparameters={"batch_size": 16, "lr": 0.1,
+                                   "sagemaker_mpi_num_of_processes_per_host": 3})
+    assert "x 6 processes" in only(advisor.advise(est), "SHOAL-DP008").message
 
 
 @pytest.mark.parametrize("options, severity", [

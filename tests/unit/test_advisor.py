@@ -488,3 +488,14 @@ def test_a_training_config_alone_gets_the_checks_it_can_answer():
     config = pytorch(disable_profiler=True, instance_count=3).config
     findings = advisor.advise(config, "s3://data-eu-west-1/x", region=REGION)
     assert codes(findings) == ["SHOAL-DP003", "SHOAL-DP010"]
+
+
+def test_tensorflow_data_parallel_job():
+    est = shoal.TensorFlow(entry_point="train.py", role=ROLE, instance_count=2,
+                           instance_type="ml.p3.16xlarge", framework_version="2.11.0",
+                           py_version="py39", distribution=SMDDP, sagemaker_session=session(),
+                           hyperparameters={"batch_size": 64, "learning_rate": 0.001})
+    findings = advisor.advise(est, script_text=TF_SCRIPT)
+    assert codes(findings) == ["SHOAL-DP007", "SHOAL-DP008"]
+    assert "tf.data map without num_parallel_calls" in findings[0].message
+    assert "x 16 processes" in findings[1].message

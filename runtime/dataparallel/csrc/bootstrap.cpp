@@ -79,7 +79,7 @@ Config Config::from_env() {
   c.chunk_bytes &= ~std::size_t(63);
   c.small_bytes = (std::size_t)env_int("SHOAL_SMALL_BYTES", 64ll << 10, 0, 1ll << 30);
   c.depth = (int)env_int("SHOAL_SHM_DEPTH", 64, 2, 4096);
-  c.single_copy_bytes = (std::size_t)env_int("SHOAL_SINGLE_COPY_BYTES", 1ll << 20, 0, 1ll << 50);
+  c.single_copy_bytes = (std::size_t)env_int("SHOAL_SINGLE_COPY_BYTES", 2ll << 20, 0, 1ll << 50);
   c.batch_chunks = (uint64_t)env_int("SHOAL_INTERHOST_BATCH", 4, 1, 4096);
   return c;
 }

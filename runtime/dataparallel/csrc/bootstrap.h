@@ -23,7 +23,7 @@ struct Config {
   std::size_t chunk_bytes = 256u << 10;  // SHOAL_SHM_CHUNK_BYTES: one slot (cache-sized)
   std::size_t small_bytes = 64u << 10;   // below: one handshake, no reduce-scatter
   int depth = 64;                        // SHOAL_SHM_DEPTH: slot sets (run-ahead window)
-  std::size_t single_copy_bytes = 1u << 20;  // SHOAL_SINGLE_COPY_BYTES: read peers directly from here (0: never)
+  std::size_t single_copy_bytes = 2u << 20;  // SHOAL_SINGLE_COPY_BYTES: read peers directly from here (0: never)
   uint64_t batch_chunks = 4;             // SHOAL_INTERHOST_BATCH: chunks per inter-host exchange
 
   static Config from_env();

@@ -1,6 +1,9 @@
 // Collective algorithms (see comm.h).
 //
-// allreduce, per chunk of at most SHOAL_SHM_CHUNK_BYTES (cache-sized):
+// Large allreduces (SHOAL_SINGLE_COPY_BYTES and up) take the single-copy path
+// when every local rank may read its peers' memory (process_vm_readv, probed
+// at init): see allreduce_single_copy. Otherwise, and for smaller messages,
+// allreduce works per chunk of at most SHOAL_SHM_CHUNK_BYTES (cache-sized):
 //   1. copy: each local rank copies its chunk into its slot of the segment;
 //   2. reduce: on one host, when the message is small or there are only two
 //      local ranks, every rank reduces the whole chunk from all slots (a single
@@ -83,9 +86,9 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
     job_.barrier(cfg_.timeout_ms);
     seg_->set_can_read(probe_single_copy());
     job_.barrier(cfg_.timeout_ms);
-    single_copy_ = cfg_.single_copy_bytes > 0;
-    for (int j = 0; j < t.local_size && t.local_size > 1; ++j)
-      single_copy_ = single_copy_ && seg_->can_read(j);
+    // Across hosts the batched chunk pipeline measured faster: one host only.
+    single_copy_ = t.num_hosts == 1 && cfg_.single_copy_bytes > 0;
+    for (int j = 0; j < t.local_size; ++j) single_copy_ = single_copy_ && seg_->can_read(j);
   } catch (...) {
     if (seg_ && job_.topo.local_rank == 0) seg_->unlink();  // never leak the name
     job_.close_all();
@@ -259,11 +262,11 @@ void Comm::wait_counter(Counter which, uint64_t target, const std::string& name)
   }
 }
 
-// Large messages, when local ranks may read each other's memory: each rank
-// reduces its slice straight from its local peers' buffers (through
-// cache-sized pieces), exchanges it with the other hosts, then copies the
-// other slices from their owners' buffers. One copy of the data instead of
-// three, and three local handshakes per operation.
+// Large messages on one host, when local ranks may read each other's memory:
+// each rank reduces its slice straight from its peers' buffers (through
+// cache-sized pieces), then copies the other slices from their owners'
+// buffers. One copy of the data instead of three, and three handshakes per
+// operation.
 void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, ReduceOp op,
                                  const std::string& name) {
   const Topology& t = job_.topo;
@@ -289,13 +292,8 @@ void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, Red
       srcs[j] = buf;
     }
     reduce_into(dtype, op, data + lo * es, srcs.data(), L, n,
-                op == ReduceOp::Average && t.num_hosts == 1 ? t.size : 1);
+                op == ReduceOp::Average ? t.size : 1);
   }
-  // Across hosts, the whole slice is exchanged with the same local rank on
-  // every other host in one go (one wake-up of the peers per operation).
-  if (t.num_hosts > 1)
-    inter_host({{data + mine.lo * es, mine.size()}}, dtype, op,
-               op == ReduceOp::Average ? t.size : 1, name);
   seg_->publish(Counter::Reduced, g);
   wait_counter(Counter::Reduced, g, name);
   for (int j = 0; j < L; ++j) {

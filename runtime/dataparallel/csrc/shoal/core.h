@@ -100,7 +100,8 @@ using WorkPtr = std::shared_ptr<Work>;
 // SHOAL_NETWORK_INTERFACE, SHOAL_COLLECTIVE_TIMEOUT (s, default 300),
 // SHOAL_FUSION_THRESHOLD_BYTES (default 25 MiB; 0 disables fusion), and the
 // tuning knobs SHOAL_SHM_CHUNK_BYTES (256 KiB), SHOAL_SHM_DEPTH (64),
-// SHOAL_SMALL_BYTES (64 KiB), SHOAL_INTERHOST_BATCH (4), SHOAL_SPIN), groups
+// SHOAL_SMALL_BYTES (64 KiB), SHOAL_SINGLE_COPY_BYTES (2 MiB; 0 disables),
+// SHOAL_INTERHOST_BATCH (4), SHOAL_SPIN), groups
 // ranks into hosts by SHOAL_HOST (local rank/size come from that grouping),
 // bootstraps over TCP (rank 0 listens on MASTER_PORT) and maps the host's
 // shared memory. Idempotent: later calls return the same topology.

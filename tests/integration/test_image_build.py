@@ -42,10 +42,19 @@ with open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.json"), "w") as
 """
 
 
+STORE_LIMIT_MB = 20_000
+
+
 @pytest.fixture(scope="module")
 def store():
     CACHE.mkdir(parents=True, exist_ok=True)
-    return builders.Buildah(root=str(CACHE / "store"))
+    settings = builders.Buildah(root=str(CACHE / "store"))
+    # Each source change leaves the previous build's (small) layers behind as untagged
+    # images that also serve as the layer cache: prune them only once the store is large.
+    usage = subprocess.run(["du", "-sm", settings.root], capture_output=True, text=True)
+    if usage.returncode == 0 and int(usage.stdout.split()[0]) > STORE_LIMIT_MB:
+        subprocess.run([*settings.global_args(), "rmi", "--prune"], capture_output=True)
+    return settings
 
 
 @pytest.fixture(scope="module")

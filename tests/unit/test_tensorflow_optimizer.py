@@ -16,7 +16,12 @@ pytest.importorskip("shoal.dataparallel._core")
 from shoal.dataparallel import core  # noqa: E402
 from shoal.errors import ValidationError  # noqa: E402
 
-pytestmark = [pytest.mark.runtime, pytest.mark.tensorflow]
+pytestmark = [
+    pytest.mark.runtime,
+    pytest.mark.tensorflow,
+    # TensorFlow's own conversion of bfloat16 and Keras tensors under numpy 2.
+    pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword"),
+]
 
 
 @pytest.fixture

@@ -188,11 +188,6 @@ def run_master(launch: Launch) -> int:
     try:
         keep = [sshd.pid] if sshd else []
         outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
-        if launch.simulated and outcome.never_started and not outcome.stopped_by:
-            # Simulated hosts share one loaded machine; a daemon that did not come up in
-            # time ran nothing of the job, so starting mpirun once more is safe.
-            log.warning("mpirun could not start its daemons; starting it once more")
-            outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:
@@ -310,6 +305,7 @@ def train(paths: JobPaths, environ: Mapping[str, str] = os.environ) -> int:
     """Run this host's part of the job; the exit code."""
     try:
         job = load_environment(paths, environ)
+        HOST_TAG.host = job.current_host
         paths.ensure_output_dirs()
         launch = Launch(job, environ)
     except Exception as e:  # the failure file must say why, whatever broke
@@ -328,13 +324,34 @@ def train(paths: JobPaths, environ: Mapping[str, str] = os.environ) -> int:
         return _startup_failed(paths, e)
 
 
+class HostTag(logging.Filter):
+    """Gives every log record the host it was printed on (``%(host)s``).
+
+    Multi-host logs are read interleaved (local mode, CloudWatch exports), so each of the
+    launcher's lines says ``[algo-2] ...``. The host is known from ``SHOAL_HOST`` on simulated
+    hosts, else once the resource configuration is read (:func:`train` sets it).
+    """
+
+    def __init__(self, host: str = "") -> None:
+        super().__init__()
+        self.host = host
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.host = self.host or "?"
+        return True
+
+
+HOST_TAG = HostTag()
+LOG_FORMAT = "[%(host)s] %(asctime)s %(name)s %(levelname)s: %(message)s"
+
+
 def _configure_logging(environ: Mapping[str, str]) -> None:
     level = environ.get("SM_LOG_LEVEL") or environ.get("SAGEMAKER_CONTAINER_LOG_LEVEL") or "20"
-    logging.basicConfig(
-        level=int(level) if level.isdigit() else logging.INFO,
-        format="%(asctime)s shoal-train %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(HOST_TAG)
+    HOST_TAG.host = environ.get("SHOAL_HOST", "")
+    logging.basicConfig(level=int(level) if level.isdigit() else logging.INFO, handlers=[handler])
 
 
 def _stopped_before_start(signum, frame):

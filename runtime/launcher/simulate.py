@@ -16,7 +16,8 @@ How the hosts stay apart on one machine:
   ``SHOAL_HOST``. Every simulated host gets its own ``orted``, so Open MPI and the
   collective core (which groups ranks by ``SHOAL_HOST``) treat them as different hosts;
 * each host gets its own Open MPI session directory (``orte_tmpdir_base``) under a
-  per-job temporary directory;
+  short per-job temporary directory, also where mpirun passes its own on the orted
+  command line (see :func:`remote_command`);
 * the master and status ports are allocated per job (``SHOAL_MASTER_PORT``,
   ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
   collide.
@@ -30,20 +31,34 @@ Example::
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
 SIMULATED_ROOT_ENV = "SHOAL_SIMULATED_ROOT"
 SESSION_TMP_ENV = "SHOAL_SIMULATED_TMP"
 LOOPBACK = "lo"
+# The supervisor's rank tags ``[1,mpirank:3,algo-2]<stdout>:`` already name the rank's host.
+_RANK_TAG = re.compile(r"^\[\d+,mpirank:\d+,[^\]]*\]")
+
+Output = Callable[[str, str], None]
+
+
+def tag_line(host: str, line: str) -> str:
+    """``line`` as printed by ``host``, prefixed ``[host] `` unless it already names one (pure)."""
+    if line.startswith(f"[{host}] ") or _RANK_TAG.match(line):
+        return line
+    return f"[{host}] {line}"
 
 
 def agent_command(python: str = sys.executable) -> str:
@@ -103,8 +118,13 @@ def run_job(
     env: Mapping[str, str] | None = None,
     python: str = sys.executable,
     grace: float = 15.0,
+    output: Output | None = None,
 ) -> int:
-    """Run ``train`` for every simulated host; the job's exit code."""
+    """Run ``train`` for every simulated host; the job's exit code.
+
+    With ``output``, every line a host prints (stdout and stderr) is passed to
+    ``output(host, line)`` instead of going to this process's own streams.
+    """
     hosts = sorted(hosts)
     base = dict(os.environ if env is None else env)
     base.setdefault("SHOAL_MASTER_PORT", str(free_port()))
@@ -113,17 +133,32 @@ def run_job(
     session_tmp = tempfile.mkdtemp(prefix="shoal-")
     base[SESSION_TMP_ENV] = session_tmp
     try:
-        return _run_hosts(job_root, hosts, base, timeout, python, grace)
+        return _run_hosts(job_root, hosts, base, timeout, python, grace, output)
     finally:
         shutil.rmtree(session_tmp, ignore_errors=True)
 
 
-def _run_hosts(job_root, hosts, base, timeout, python, grace) -> int:
-    procs = []
+def _relay(host: str, pipe, output: Output) -> threading.Thread:
+    def run():
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                output(host, raw.decode("utf-8", "replace").rstrip("\n"))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _run_hosts(job_root, hosts, base, timeout, python, grace, output) -> int:
+    procs, relays = [], []
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
     for host in hosts:
         host_env = host_environment(job_root, host, base)
         os.makedirs(host_env.get("OMPI_MCA_orte_tmpdir_base", "."), exist_ok=True)
-        procs.append(subprocess.Popen([python, "-m", "shoal.launcher.entrypoint"], env=host_env))
+        argv = [python, "-m", "shoal.launcher.entrypoint"]
+        procs.append(subprocess.Popen(argv, env=host_env, **pipes))
+        if output:
+            relays.append(_relay(host, procs[-1].stdout, output))
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for p in procs:
@@ -134,6 +169,9 @@ def _run_hosts(job_root, hosts, base, timeout, python, grace) -> int:
     except BaseException:
         _end(procs, grace)
         raise
+    finally:
+        for relay in relays:
+            relay.join(timeout=5)  # the rest of the output, unless a grandchild holds the pipe
     codes = [p.returncode for p in procs]
     return codes[0] or next((c for c in codes if c), 0)
 
@@ -142,13 +180,42 @@ def agent_main(argv: Sequence[str]) -> None:
     """``plm_rsh_agent``: run ``argv[1:]`` (a shell command) locally as host ``argv[0]``."""
     if len(argv) < 2:
         sys.exit("usage: python -m shoal.launcher.simulate <host> <command...>")
-    host, words = argv[0], [w for w in argv[1:] if w.strip() != "--daemonize"]
+    host = argv[0]
     root = os.environ.get(SIMULATED_ROOT_ENV)
     if not root:
         sys.exit(f"{SIMULATED_ROOT_ENV} is not set: not a simulated job")
     env = host_environment(root, host, os.environ)
-    # orted stays this process (no --daemonize) so it remains in mpirun's process tree.
-    os.execve("/bin/sh", ["/bin/sh", "-c", " ".join(words)], env)
+    session = env.get("OMPI_MCA_orte_tmpdir_base")
+    if session:
+        os.makedirs(session, exist_ok=True)
+    os.execve("/bin/sh", ["/bin/sh", "-c", " ".join(remote_command(argv[1:], session))], env)
+
+
+def remote_command(words: Sequence[str], session_dir: str | None) -> list[str]:
+    """The words of the ``orted`` command mpirun asked to run, made fit for one simulated host.
+
+    * ``--daemonize`` goes: orted stays the agent's process, so it remains in mpirun's tree;
+    * mpirun repeats its own ``-mca orte_tmpdir_base`` on the orted command line, where it
+      beats the environment: every simulated host's orted would then share mpirun's session
+      directory (the real host name is the same), and one daemon cleaning up removes the
+      other's files ("orte_session_dir failed", "ORTE does not know how to route"). The value
+      becomes this host's own directory.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.strip() == "--daemonize":
+            i += 1
+            continue
+        if (session_dir and word.strip() in ("-mca", "--mca") and i + 2 < len(words)
+                and words[i + 1].strip() == "orte_tmpdir_base"):  # fmt: skip
+            out += [word, words[i + 1], shlex.quote(session_dir)]
+            i += 3
+            continue
+        out.append(word)
+        i += 1
+    return out
 
 
 if __name__ == "__main__":

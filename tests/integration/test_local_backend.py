@@ -112,6 +112,11 @@ def test_job_completes_with_every_rank_and_the_model_archive(tmp_path, root, cap
     assert config["hosts"] == [f"algo-{h}" for h in range(1, hosts + 1)]
     log = (root / f"ok-{hosts}" / "logs.txt").read_text()
     assert "script started" in log
+    # Interleaved hosts stay readable: every launcher line and every other host line names its host.
+    launcher = [ln for ln in log.splitlines() if " shoal.launcher" in ln]
+    assert {ln.split("]")[0] + "]" for ln in launcher} == {f"[algo-{h}]" for h in range(1, hosts + 1)}
+    host_lines = [ln for ln in log.splitlines() if not ln.startswith("[local] ")]
+    assert host_lines and all(ln.startswith("[algo-") or ",mpirank:" in ln[:30] for ln in host_lines)
     assert not job_processes(root / f"ok-{hosts}")
     # Another process (here: a fresh handle) sees the same record.
     assert LocalTrainingJob.attach(f"ok-{hosts}", root).describe()["TrainingJobStatus"] == "Completed"

@@ -73,3 +73,16 @@ def test_mpirun_line_runs_every_rank_through_shoal_rank(tmp_path):
     assert argv[i + 1:] == [sys.executable, "-m", "mpi4py", "train.py"]
     assert "SAGEMAKER_INSTANCE_TYPE=ml.p4d.24xlarge" in argv
     assert "FI_EFA_USE_DEVICE_RDMA=1" in argv
+
+
+def test_launcher_log_lines_name_their_host(tmp_path):
+    # No SHOAL_HOST (as on SageMaker): the host comes from the resource configuration.
+    write_job(tmp_path, {}, host="algo-3", hosts=("algo-3",), script="print('from the script')\n")
+    env = {k: v for k, v in os.environ.items() if k != "SHOAL_HOST"}
+    done = subprocess.run([sys.executable, "-m", "shoal.launcher.entrypoint"],
+                          env={**env, "SAGEMAKER_BASE_DIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    launcher = [ln for ln in done.stderr.splitlines() if " shoal.launcher" in ln]
+    assert launcher, done.stderr
+    assert all(ln.startswith("[algo-3] ") for ln in launcher), launcher

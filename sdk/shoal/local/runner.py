@@ -93,7 +93,7 @@ class Supervisor:
             f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
             f"locally)")
         return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
-                                env=environment)
+                                env=environment, output=host_line)
 
     def upload(self) -> dict:
         s3_uri, local_path = layout.checkpoint_config(self.request)
@@ -228,6 +228,13 @@ def archive(target: Path, sources: list[Path]) -> Path:
 
 def say(message: str) -> None:
     print(f"[local] {message}", flush=True)
+
+
+def host_line(host: str, line: str) -> None:
+    """One line of a simulated host's output, tagged with the host unless it already is."""
+    from shoal.launcher.simulate import tag_line
+
+    print(tag_line(host, line), flush=True)
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """``output/success`` and ``output/failure``.
 
-The failure text leads with the root cause (host, rank, exit code or signal, the failing
-rank's last lines), then keeps the training toolkit's ``ExecuteUserScriptError`` block
+The failure text leads with the root cause (host, rank, exit code or signal, and the
+exception line of the failing rank's Python traceback, else its last line), then keeps the training toolkit's ``ExecuteUserScriptError`` block
 (``ExitCode``, ``ErrorMessage``, ``Command``) that tools parse, and fits in the 1024
 characters that ``DescribeTrainingJob`` returns as ``FailureReason``: the error lines and
 the command are shortened first, the root cause last. Secret-looking values are redacted.
@@ -10,6 +10,7 @@ the command are shortened first, the root cause last. Secret-looking values are 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 from shoal.launcher.paths import JobPaths
@@ -19,6 +20,10 @@ from shoal.launcher.supervisor import Outcome
 LIMIT = 1024
 ERROR_LINES = 6
 _ELLIPSIS = "..."
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s+File "[^"]*", line \d+')
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)"
+                        r"(?::\s.*)?$")  # fmt: skip
 
 
 def _clip(text: str, budget: int, *, keep_end: bool = False) -> str:
@@ -30,13 +35,38 @@ def _clip(text: str, budget: int, *, keep_end: bool = False) -> str:
     return _ELLIPSIS + text[-cut:] if keep_end else text[:cut] + _ELLIPSIS
 
 
-def error_lines(outcome: Outcome) -> list[str]:
-    """The failing rank's last meaningful lines, else the job's."""
+def _failing_tail(outcome: Outcome) -> Sequence[str]:
     rank = outcome.failure.rank if outcome.failure else None
     lines = outcome.rank_tails.get(rank) if rank is not None else None
-    lines = [ln for ln in (lines or outcome.tail) if ln.strip()]
+    return lines or outcome.tail
+
+
+def error_lines(outcome: Outcome) -> list[str]:
+    """The failing rank's last meaningful lines, else the job's."""
+    lines = [ln for ln in _failing_tail(outcome) if ln.strip()]
     lines = [ln for ln in lines if not ln.lstrip().startswith("SHOAL_RANK_FAILED")]
     return lines[-ERROR_LINES:]
+
+
+def exception_line(lines: Sequence[str]) -> str | None:
+    """The exception line (``ValueError: boom``) of the last Python traceback in ``lines``.
+
+    A rank's stdout and stderr arrive through separate pipes, so a line the script printed
+    before raising can land after (or inside) the traceback: the exception line is taken by
+    its shape, after the traceback's start (its header, or its first frame once the header
+    has scrolled out of the tail).
+    """
+    lines = [ln.rstrip() for ln in lines]
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK]
+    start = starts[-1] if starts else next(
+        (i for i, ln in enumerate(lines) if _FRAME.match(ln)), None)
+    if start is None:
+        return None
+    after = [ln for ln in lines[start + 1:] if ln and not ln[0].isspace()]
+    named = [ln for ln in after if _EXCEPTION.match(ln)]
+    if named:
+        return named[0]
+    return after[0] if after else None
 
 
 def root_cause(outcome: Outcome) -> str:
@@ -56,7 +86,8 @@ def failure_message(outcome: Outcome, last_error: str | None = None) -> str:
     """The failure file's text for a failed outcome (at most ``LIMIT`` characters)."""
     cause = root_cause(outcome)
     errors = error_lines(outcome)
-    last = last_error or (errors[-1].strip() if errors else "")
+    last = last_error or exception_line(_failing_tail(outcome)) or (
+        errors[-1].strip() if errors else "")
     head = cause + (f" {last}" if last else "")
     head = _clip(head, 400)
     command = " ".join(redact_argv(outcome.command))

@@ -158,3 +158,25 @@ def test_a_worker_that_cannot_start_fails_the_job_everywhere(tmp_path):
     assert "host algo-2 could not start" in failure_text(root, "algo-1")
     assert list((root / "algo-1" / "model").glob("rank-*.json")) == []
     assert job_processes(root) == []
+
+
+# The atexit line is printed after the traceback: it is the rank's last line.
+PRINT_THEN_RAISE = """
+import atexit, os, time
+def saved():
+    time.sleep(0.5)
+    print("emergency checkpoint saved", flush=True)
+if int(os.environ["RANK"]) == 1:
+    print("epoch 1 finished; loss 0.25", flush=True)
+    atexit.register(saved)
+    raise ValueError("boom")
+time.sleep(300)
+"""
+
+
+def test_failure_headline_quotes_the_exception_not_the_last_stdout_line(tmp_path):
+    root = make_job(tmp_path / "job", PRINT_THEN_RAISE)
+    assert run_job(str(root), HOSTS, timeout=60) not in (0, 124)
+    for host in HOSTS:
+        headline = failure_text(root, host).splitlines()[0]
+        assert headline == "Rank 1 on host algo-1 exited with code 1. ValueError: boom", headline

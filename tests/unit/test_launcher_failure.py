@@ -61,3 +61,22 @@ def test_files(tmp_path):
 def test_startup_failure_message():
     text = failure.startup_failure_message(ValueError("bad"), ["pip", "install", "--token", "t"])
     assert text == 'ValueError: bad\nExitCode 1\nCommand "pip install --token ****"'
+
+
+def test_headline_quotes_the_exception_when_stdout_lands_after_the_traceback():
+    # stdout and stderr come through separate pipes: the script's last print can follow.
+    tail = (*TRACEBACK[:2], "epoch 3 done", *TRACEBACK[2:], "saving: checkpoint 3")
+    text = failure.failure_message(outcome(rank_tails={1: tail}))
+    assert text.splitlines()[0] == "Rank 1 on host algo-2 exited with code 1. ValueError: boom"
+
+
+def test_exception_line_of_chained_and_scrolled_tracebacks():
+    chained = (*TRACEBACK, "", "During handling of the above exception, another exception occurred:",
+               "", "Traceback (most recent call last):", '  File "t.py", line 9, in <module>',
+               "    f()", "mypkg.errors.StepFailure: step 4", "done")
+    assert failure.exception_line(chained) == "mypkg.errors.StepFailure: step 4"
+    scrolled = ['  File "t.py", line 9, in <module>', "    f()", "log line", "KeyError: 'x'"]
+    assert failure.exception_line(scrolled) == "KeyError: 'x'"
+    assert failure.exception_line(["no traceback", "ValueError: looks like one"]) is None
+    assert failure.exception_line(["Traceback (most recent call last):", "  File", "Custom"]) == (
+        "Custom")

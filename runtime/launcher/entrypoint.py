@@ -306,6 +306,9 @@ def train(paths: JobPaths, environ: Mapping[str, str] = os.environ) -> int:
     try:
         job = load_environment(paths, environ)
         HOST_TAG.host = job.current_host
+        if job.rebased_keys:
+            log.info("hyperparameters with /opt/ml paths mapped under %s: %s",
+                     paths.base_dir, ", ".join(job.rebased_keys))  # fmt: skip
         paths.ensure_output_dirs()
         launch = Launch(job, environ)
     except Exception as e:  # the failure file must say why, whatever broke

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from shoal.errors import LaunchError
 from shoal.launcher import hyperparameters as hp
-from shoal.launcher.paths import JobPaths
+from shoal.launcher.paths import JobPaths, rebase_all
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ class TrainingEnvironment:
     job_name: str | None = None
     framework_module: str | None = None
     environ_program: str | None = None
+    # Hyperparameters whose /opt/ml path was moved under SAGEMAKER_BASE_DIR (keys only).
+    rebased_keys: tuple[str, ...] = ()
 
     @property
     def network_interface_name(self) -> str:
@@ -298,6 +300,7 @@ def load_environment(
         _read_json(paths.hyperparameters_file) if os.path.exists(paths.hyperparameters_file) else {}
     )
     framework, user = hp.split(hp.decode(raw_hps))
+    user, rebased = rebase_all(user, paths.base_dir)
     try:
         return TrainingEnvironment(
             paths=paths,
@@ -312,6 +315,7 @@ def load_environment(
             job_name=environ.get("TRAINING_JOB_NAME"),
             framework_module=environ.get("SAGEMAKER_TRAINING_MODULE"),
             environ_program=environ.get("SAGEMAKER_PROGRAM"),
+            rebased_keys=rebased,
         )
     except (TypeError, ValueError) as e:
         raise LaunchError(f"{paths.resource_config_file}: {e}") from None

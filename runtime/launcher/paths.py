@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -19,6 +20,30 @@ BASE_DIR_ENV = "SAGEMAKER_BASE_DIR"
 def resolve_base_dir(environ: Mapping[str, str] = os.environ) -> str:
     """``$SAGEMAKER_BASE_DIR`` when set (as the toolkit does), else ``/opt/ml``."""
     return environ.get(BASE_DIR_ENV) or SAGEMAKER_BASE_PATH
+
+
+def rebase(value: Any, base_dir: str) -> Any:
+    """``value`` moved under ``base_dir`` when it is an absolute path under /opt/ml (pure).
+
+    SageMaker's SDK sends such paths (TensorFlow's ``model_dir=/opt/ml/shared/model`` for
+    local code); a job rooted elsewhere must not write to the machine's real /opt/ml.
+    Anything else, including paths that only look like /opt/ml after ``..``, is unchanged.
+    """
+    if not isinstance(value, str) or not value.startswith(SAGEMAKER_BASE_PATH):
+        return value
+    if os.path.abspath(base_dir) == SAGEMAKER_BASE_PATH:
+        return value
+    normal = os.path.normpath(value)
+    if normal != SAGEMAKER_BASE_PATH and not normal.startswith(SAGEMAKER_BASE_PATH + "/"):
+        return value
+    rest = os.path.relpath(normal, SAGEMAKER_BASE_PATH)
+    return os.path.abspath(base_dir) if rest == "." else os.path.join(os.path.abspath(base_dir), rest)
+
+
+def rebase_all(values: Mapping[str, Any], base_dir: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Every value moved by :func:`rebase`; also the keys whose value moved (pure)."""
+    moved = {k: rebase(v, base_dir) for k, v in values.items()}
+    return moved, tuple(sorted(k for k in values if moved[k] != values[k]))
 
 
 @attrs.frozen

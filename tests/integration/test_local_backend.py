@@ -198,3 +198,37 @@ def test_code_from_a_staged_tarball_in_s3(tmp_path, root, s3_server, capsys):
     ranks = [k for k in members(tmp_path / "out" / "model.tar.gz") if k.startswith("rank-")]
     assert sorted(ranks) == ["rank-0.json", "rank-1.json"]
     assert (root / "s3-code" / "algo-2" / "code" / "train.py").exists()
+
+
+TF_SCRIPT = """
+import argparse, json, os
+parser = argparse.ArgumentParser()
+parser.add_argument("--model_dir")
+args = parser.parse_args()
+os.makedirs(args.model_dir, exist_ok=True)
+open(os.path.join(args.model_dir, "saved"), "w").close()
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "seen.json"), "w") as f:
+    json.dump({"arg": args.model_dir, "sm_hp": os.environ["SM_HP_MODEL_DIR"]}, f)
+"""
+
+
+def test_tensorflow_model_dir_under_opt_ml_stays_inside_the_local_job(tmp_path, root, capsys):
+    import shoal
+
+    code = tmp_path / "tf-code"
+    code.mkdir()
+    (code / "train.py").write_text(TF_SCRIPT)
+    real_opt_ml = os.path.exists("/opt/ml")
+    estimator = shoal.TensorFlow(
+        entry_point="train.py", source_dir=str(code), role="arn:aws:iam::111122223333:role/R",
+        instance_type="local", instance_count=1, framework_version="2.11.0", py_version="py39",
+        output_path=(tmp_path / "tf-out").as_uri())
+    estimator.fit(job_name="tf-model-dir", wait=True, logs="None")
+    seen = json.loads(members(estimator.model_data.removeprefix("file://"))["seen.json"])
+    host_dir = root / "tf-model-dir" / "algo-1"
+    assert seen == {"arg": str(host_dir / "shared" / "model"),
+                    "sm_hp": str(host_dir / "shared" / "model")}
+    assert (host_dir / "shared" / "model" / "saved").exists()
+    assert os.path.exists("/opt/ml") == real_opt_ml
+    log = (root / "tf-model-dir" / "logs.txt").read_text()
+    assert "/opt/ml paths mapped under" in log and "model_dir" in log

@@ -183,3 +183,16 @@ def test_master_is_the_first_sorted_host():
     env = documented_env(hosts=["algo-2", "algo-1"], current_host="algo-1")
     assert env.master_hostname == "algo-1" and env.is_master
     assert sm_env_vars(env)["SM_HOSTS"] == '["algo-2","algo-1"]'  # as configured
+
+
+def test_opt_ml_hyperparameters_follow_the_base_dir_into_args_and_sm_hp(tmp_path):
+    paths = write_job(tmp_path, hps={"sagemaker_program": '"train.py"',
+                                     "model_dir": '"/opt/ml/shared/model"', "epochs": "3"})
+    env = load_environment(paths, {}, num_gpus=0, num_cpus=2)
+    moved = str(tmp_path / "shared" / "model")
+    assert env.rebased_keys == ("model_dir",)
+    assert env.to_cmd_args() == ["--epochs", "3", "--model_dir", moved]
+    sm = sm_env_vars(env)
+    assert sm["SM_HP_MODEL_DIR"] == moved
+    assert json.loads(sm["SM_HPS"])["model_dir"] == moved
+    assert "/opt/ml" not in sm["SM_USER_ARGS"]

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import attrs
 import psutil
@@ -83,15 +83,35 @@ def can_connect(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+FIRST_RETRY = 0.02
+MAX_RETRY = 1.0
+
+
+def backoff(first: float = FIRST_RETRY, cap: float = MAX_RETRY) -> Iterator[float]:
+    """Retry delays: ``first``, doubling up to ``cap`` (pure).
+
+    Hosts usually come up within a fraction of a second of each other: short first
+    retries keep start-up fast, the cap keeps a long wait from busy-polling.
+    """
+    delay = first
+    while True:
+        yield min(delay, cap)
+        delay *= 2
+
+
 def wait_for_ports(hosts: Sequence[str], port: int = 22, timeout: float = 3600.0,
-                   interval: float = 1.0) -> None:  # fmt: skip
-    """Block until every host accepts connections on ``port``, or raise LaunchError."""
+                   interval: float = FIRST_RETRY) -> None:  # fmt: skip
+    """Block until every host accepts connections on ``port``, or raise LaunchError.
+
+    ``interval`` is the first retry delay; later ones double (:func:`backoff`).
+    """
     deadline = time.monotonic() + timeout
     for host in hosts:
+        delays = backoff(interval)
         while not can_connect(host, port):
             if time.monotonic() > deadline:
                 raise LaunchError(f"host {host} did not open port {port} within {timeout:.0f}s")
-            time.sleep(interval)
+            time.sleep(next(delays))
         log.info("host %s is reachable on port %d", host, port)
 
 
@@ -182,13 +202,15 @@ def _parse_hello(line: bytes) -> dict:
 
 
 def wait_for_outcome(master: str, port: int = STATUS_PORT, connect_timeout: float = 3600.0,
-                     interval: float = 0.25, me: str = "",
+                     interval: float = FIRST_RETRY, me: str = "",
                      failed: str | None = None) -> JobStatus:  # fmt: skip
     """The worker's side: report to the master, block until it sends the outcome.
 
-    ``failed`` reports that this worker could not start (with that message).
+    ``failed`` reports that this worker could not start (with that message). ``interval``
+    is the first delay between connection attempts; later ones double (:func:`backoff`).
     """
     deadline = time.monotonic() + connect_timeout
+    delays = backoff(interval)
     while True:
         try:
             conn = socket.create_connection((master, port), timeout=5)
@@ -196,7 +218,7 @@ def wait_for_outcome(master: str, port: int = STATUS_PORT, connect_timeout: floa
         except OSError:
             if time.monotonic() > deadline:
                 return JobStatus(1, f"could not reach the master {master}:{port}")
-            time.sleep(interval)
+            time.sleep(next(delays))
     with conn:
         hello = {"host": me or "worker", "ready": failed is None, "message": failed or ""}
         conn.sendall(json.dumps(hello).encode() + b"\n")

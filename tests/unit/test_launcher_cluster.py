@@ -75,3 +75,30 @@ def test_a_worker_that_could_not_start_fails_the_wait_at_once():
     t.join(10)
     server.close(["algo-2"], linger=5)
     assert got["s"] == cluster.JobStatus(2, "host algo-2 could not start")
+
+
+def test_backoff_doubles_from_a_short_first_delay_up_to_the_cap():
+    delays = cluster.backoff(0.02, 1.0)
+    assert [next(delays) for _ in range(8)] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.0, 1.0]
+
+
+def test_waits_retry_with_backoff_not_fixed_seconds(monkeypatch):
+    slept = []
+    monkeypatch.setattr(cluster.time, "sleep", slept.append)
+    answers = iter([False, False, False, True])
+    monkeypatch.setattr(cluster, "can_connect", lambda host, port: next(answers))
+    cluster.wait_for_ports(["algo-2"], 22, timeout=60)
+    assert slept == [0.02, 0.04, 0.08]
+    slept.clear()
+    worker_end, master_end = socket.socketpair()
+    master_end.sendall(cluster.JobStatus(0).to_line())
+
+    def connect(*args, **kwargs):
+        if len(slept) < 4:
+            raise ConnectionRefusedError()
+        return worker_end
+
+    monkeypatch.setattr(cluster.socket, "create_connection", connect)
+    with master_end:
+        assert cluster.wait_for_outcome("127.0.0.1", 1, 60, me="algo-2").exit_code == 0
+    assert slept == [0.02, 0.04, 0.08, 0.16]

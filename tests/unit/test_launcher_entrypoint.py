@@ -86,3 +86,14 @@ def test_launcher_log_lines_name_their_host(tmp_path):
     launcher = [ln for ln in done.stderr.splitlines() if " shoal.launcher" in ln]
     assert launcher, done.stderr
     assert all(ln.startswith("[algo-3] ") for ln in launcher), launcher
+
+
+def test_the_launcher_and_local_runner_import_no_heavy_libraries():
+    # Every host and rank pays for these imports before the user's first line runs.
+    code = ("import sys, shoal.launcher.entrypoint, shoal.launcher.rank, shoal.launcher.simulate,"
+            " shoal.local.runner\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules}"
+            " & {'boto3', 'botocore', 'torch', 'tensorflow', 'numpy', 'rich', 'jinja2'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -9,6 +9,9 @@ environment, picks the runner (see :mod:`shoal.launcher.runners`) and runs it:
 
 Every host ends with ``output/success`` or ``output/failure`` and a matching exit code.
 SIGTERM is forwarded to every rank, with SIGKILL after ``SHOAL_STOP_GRACE`` seconds.
+Each of the launcher's log lines starts with its host (``[algo-2] ...``). Under
+``SAGEMAKER_BASE_DIR``, hyperparameters naming paths under /opt/ml are moved under it
+(:func:`shoal.launcher.paths.rebase`) and the moved keys are logged.
 
 Knobs (environment): ``SHOAL_STOP_GRACE`` (10 s), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
 ``SHOAL_STATUS_PORT`` (7594), ``SHOAL_STATUS_LINGER`` (60 s), ``SHOAL_MASTER_PORT``

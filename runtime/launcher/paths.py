@@ -2,7 +2,8 @@
 
 SageMaker mounts ``/opt/ml`` into the container; outside it (tests, local mode, simulated
 hosts) ``SAGEMAKER_BASE_DIR`` names the root of an /opt/ml-shaped tree. Every other module
-asks this one for a path instead of joining strings.
+asks this one for a path instead of joining strings. :func:`rebase` moves /opt/ml paths
+found in hyperparameters under the base directory.
 """
 
 from __future__ import annotations

@@ -22,10 +22,16 @@ How the hosts stay apart on one machine:
   ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
   collide.
 
+The hosts' output goes to this process's stdout and stderr, or, with
+``output=callback``, line by line to ``callback(host, line)``; :func:`tag_line` prefixes a
+line with its host (``[algo-2] ...``) unless it already names one, as the launcher's own
+log lines and the supervisor's rank tags do.
+
 Example::
 
-    from shoal.launcher.simulate import run_job
-    code = run_job("/tmp/job", ["algo-1", "algo-2"], timeout=600)
+    from shoal.launcher.simulate import run_job, tag_line
+    code = run_job("/tmp/job", ["algo-1", "algo-2"], timeout=600,
+                   output=lambda host, line: print(tag_line(host, line)))
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""Runs every benchmark under mpirun and prints its table (``make benchmarks``).
+"""Runs every benchmark and prints its table (``make benchmarks``).
 
     .venv/bin/python benchmarks/run_all.py [--rounds N] [--sizes 4K,1M,64M]
 
-Configurations: 2 ranks on one host, and 2 simulated hosts x 2 ranks (Shoal
-groups ranks by SHOAL_HOST, so its inter-host path runs over TCP).
+allreduce.py under mpirun in two configurations, 2 ranks on one host and 2
+simulated hosts x 2 ranks (Shoal groups ranks by SHOAL_HOST, so its inter-host
+path runs over TCP); --rounds and --sizes apply to it. ddp_step.py under
+mpirun with 2 ranks; local_startup.py starts its own local job.
 """
 
 from __future__ import annotations
@@ -24,10 +26,15 @@ def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
     two_hosts = (
         "SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/2)) exec " + " ".join(shlex.quote(a) for a in script)
     )
-    return [
+    runs = [
         ("allreduce, 1 host x 2 ranks", [*MPIRUN, "-np", "2", *script]),
         ("allreduce, 2 simulated hosts x 2 ranks", [*MPIRUN, "-np", "4", "bash", "-c", two_hosts]),
     ]
+    if (HERE / "ddp_step.py").exists():
+        runs.append(("DDP step, 2 ranks", [*MPIRUN, "-np", "2", sys.executable, str(HERE / "ddp_step.py")]))
+    if (HERE / "local_startup.py").exists():
+        runs.append(("local-mode startup", [sys.executable, str(HERE / "local_startup.py")]))
+    return runs
 
 
 def main(argv=None) -> int:

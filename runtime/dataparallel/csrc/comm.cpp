@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "kernels.h"
 #include "net.h"
@@ -239,15 +240,27 @@ void Comm::read_peer(int local, uint64_t remote, void* into, std::size_t bytes,
     iovec l{dst, bytes};
     iovec r{reinterpret_cast<void*>(remote), bytes};
     const ssize_t n = process_vm_readv(seg_->pid(local), &l, 1, &r, 1, 0);
-    if (n <= 0) {
-      const int rank = seg_->global_rank(local);
-      if (n < 0 && errno == ESRCH)
-        throw Error(Error::Kind::PeerLost, name + ": rank " + std::to_string(rank) + " exited", {rank});
-      throw Error(Error::Kind::System, name + ": reading rank " + std::to_string(rank) +
-                                           "'s buffer failed: " + std::strerror(errno), {rank});
-    }
+    if (n <= 0) peer_read_failed(local, n < 0 ? errno : EFAULT, name);
     dst += n, remote += (uint64_t)n, bytes -= (std::size_t)n;
   }
+}
+
+// A peer's buffer stays mapped until every rank gathered, so a failed read
+// means the peer is dying (its memory is torn down before it becomes a
+// zombie: EFAULT or ESRCH) or aborted. Wait briefly for either to show.
+[[noreturn]] void Comm::peer_read_failed(int local, int err, const std::string& name) {
+  const int rank = seg_->global_rank(local);
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(std::min(cfg_.timeout_ms, 5000));
+  do {
+    seg_->check_abort();
+    seg_->check_liveness({local}, name);
+    if (err == ESRCH)  // no such process: gone even if its pid was reused
+      throw Error(Error::Kind::PeerLost, name + ": rank " + std::to_string(rank) + " exited", {rank});
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } while (std::chrono::steady_clock::now() < until);
+  throw Error(Error::Kind::System, name + ": reading rank " + std::to_string(rank) +
+                                       "'s buffer failed: " + std::strerror(err), {rank});
 }
 
 void Comm::wait_counter(Counter which, uint64_t target, const std::string& name) {

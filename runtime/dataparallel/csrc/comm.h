@@ -38,6 +38,7 @@ class Comm {
   Plan plan(uint64_t first_chunk, std::size_t chunks);
   bool probe_single_copy();
   void read_peer(int local, uint64_t remote, void* local_buf, std::size_t bytes, const std::string& name);
+  [[noreturn]] void peer_read_failed(int local, int err, const std::string& name);
   void wait_counter(Counter which, uint64_t target, const std::string& name);
   void allreduce_single_copy(char* data, std::size_t count, DType dtype, ReduceOp op,
                              const std::string& name);

@@ -62,10 +62,11 @@ class HostSegment {
   // Tells the other local ranks that this rank failed, so they fail at once too.
   void abort(const Error& error);
   void check_abort() const;
+  // Throws PeerLost naming the first of `locals` (local ranks) that is gone.
+  void check_liveness(const std::vector<int>& locals, const std::string& op) const;
 
  private:
   struct Control;
-  void check_liveness(const std::vector<int>& lagging, const std::string& op) const;
 
   std::string name_;
   int local_rank_;

@@ -4,10 +4,6 @@ fp16 compression, IndexedSlices and one fused op per group."""
 
 from __future__ import annotations
 
-import importlib
-import os
-import uuid
-
 import numpy as np
 import pytest
 
@@ -21,19 +17,6 @@ pytestmark = [
     # TensorFlow's own conversion of bfloat16 and Keras tensors under numpy 2.
     pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword"),
 ]
-
-
-@pytest.fixture
-def sdp(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SHOAL_JOB_ID", uuid.uuid4().hex[:12])
-    module = importlib.import_module("shoal.dataparallel.tensorflow")
-    module.shutdown()
-    module.init()
-    yield module
-    module.shutdown()
 
 
 DTYPES = ["float16", "bfloat16", "float32", "float64", "int32", "int64"]

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-import uuid
-
 import numpy as np
 import pytest
 
@@ -31,19 +27,6 @@ def test_nothing_to_plan_and_mismatched_lengths():
     assert plan_buckets([], [], 10) == []
     with pytest.raises(ValueError):
         plan_buckets(["float32"], [], 10)
-
-
-@pytest.fixture
-def sdp(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SHOAL_JOB_ID", uuid.uuid4().hex[:12])
-    module = importlib.import_module("shoal.dataparallel.tensorflow")
-    module.shutdown()
-    module.init()
-    yield module
-    module.shutdown()
 
 
 @pytest.mark.runtime

@@ -4,10 +4,6 @@ IndexedSlices rows are ours), so the reduced values are known."""
 
 from __future__ import annotations
 
-import importlib
-import os
-import uuid
-
 import numpy as np
 import pytest
 
@@ -36,19 +32,6 @@ class ScriptedPeer:
 
     def gather_rows(self, array):
         return np.concatenate([array, array], axis=0)
-
-
-@pytest.fixture
-def sdp(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SHOAL_JOB_ID", uuid.uuid4().hex[:12])
-    module = importlib.import_module("shoal.dataparallel.tensorflow")
-    module.shutdown()
-    module.init()
-    yield module
-    module.shutdown()
 
 
 @pytest.fixture

@@ -3,10 +3,6 @@ process that plays a non-root rank of two: root's values are scripted (ours plus
 
 from __future__ import annotations
 
-import importlib
-import os
-import uuid
-
 import numpy as np
 import pytest
 
@@ -16,19 +12,6 @@ pytest.importorskip("shoal.dataparallel._core")
 from shoal.dataparallel import core  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.tensorflow]
-
-
-@pytest.fixture
-def sdp(monkeypatch):
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
-            monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("SHOAL_JOB_ID", uuid.uuid4().hex[:12])
-    module = importlib.import_module("shoal.dataparallel.tensorflow")
-    module.shutdown()
-    module.init()
-    yield module
-    module.shutdown()
 
 
 @pytest.fixture

@@ -255,7 +255,7 @@ void Comm::read_peer(int local, uint64_t remote, void* into, std::size_t bytes,
   do {
     seg_->check_abort();
     seg_->check_liveness({local}, name);
-    if (err == ESRCH)  // no such process: gone even if its pid was reused
+    if (err == ESRCH)  // the process no longer exists
       throw Error(Error::Kind::PeerLost, name + ": rank " + std::to_string(rank) + " exited", {rank});
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   } while (std::chrono::steady_clock::now() < until);

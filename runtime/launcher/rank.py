@@ -170,6 +170,12 @@ def failure_line(ranks: Mapping[str, str], returncode: int) -> str:
     return f"{FAILURE_MARKER} {json.dumps(record, sort_keys=True)}"
 
 
+def _say(line: str) -> None:
+    """One write per line: unbuffered print() writes the newline separately, and
+    mpirun then tags another rank's text onto the same output line."""
+    os.write(sys.stderr.fileno(), (line + "\n").encode())
+
+
 def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     environ = {**read_host_environment(environ), **environ}
     ranks, sm_vars = _host_environment(environ)
@@ -177,14 +183,13 @@ def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
     stopping = []
     if environ.get("SHOAL_RANK_QUIET") not in ("1", "true"):
         # One line per rank: which rank runs where (the log's map of the job).
-        print(f"shoal-rank: rank {ranks['RANK']} of {ranks['WORLD_SIZE']} (local "
-              f"{ranks['LOCAL_RANK']} of {ranks['LOCAL_WORLD_SIZE']}) on {ranks['SHOAL_HOST']}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        _say(f"shoal-rank: rank {ranks['RANK']} of {ranks['WORLD_SIZE']} (local "
+             f"{ranks['LOCAL_RANK']} of {ranks['LOCAL_WORLD_SIZE']}) on {ranks['SHOAL_HOST']}")
     try:
         child = subprocess.Popen(list(command), env=env, preexec_fn=_die_with_parent)
     except OSError as e:
-        print(f"shoal-rank: cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
-        print(failure_line(ranks, 127), file=sys.stderr, flush=True)
+        _say(f"shoal-rank: cannot start {command[0]!r}: {e}")
+        _say(failure_line(ranks, 127))
         return 127
 
     def forward(signum, frame):
@@ -196,7 +201,7 @@ def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
         signal.signal(sig, forward)
     code = child.wait()
     if code != 0 and not stopping:
-        print(failure_line(ranks, code), file=sys.stderr, flush=True)
+        _say(failure_line(ranks, code))
     return 128 - code if code < 0 else code
 
 

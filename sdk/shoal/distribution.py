@@ -306,7 +306,8 @@ def _did_you_mean(key: Any, known: Sequence[str]) -> str:
     return f": did you mean {close[0]!r}?" if close else ""
 
 
-def _section(raw: Mapping[str, Any], key: str, allowed: Sequence[str], *path: str) -> dict:
+def _section(raw: Mapping[str, Any], key: str, allowed: Sequence[str], *path: str,
+             noun: str = "key", listing: str = "allowed") -> dict:
     value = raw[key]
     here = where(*path, key)
     if not isinstance(value, Mapping):
@@ -314,8 +315,8 @@ def _section(raw: Mapping[str, Any], key: str, allowed: Sequence[str], *path: st
     for sub in value:
         if sub not in allowed:
             raise DistributionError(
-                f"{here} has an unknown key {sub!r}{_did_you_mean(sub, allowed)} "
-                f"(allowed: {list(allowed)})"
+                f"{here} has an unknown {noun} {sub!r}{_did_you_mean(sub, allowed)} "
+                f"({listing}: {list(allowed)})"
             )
     return dict(value)
 
@@ -374,16 +375,8 @@ def _build_smdistributed(raw, framework) -> SMDistributed | None:
         return SMDistributed(dataparallel=_build_dataparallel(raw, ("pytorchddp",)))
     if "smdistributed" not in raw:
         return None
-    section = raw["smdistributed"]
-    if not isinstance(section, Mapping):
-        raise DistributionError(f"{where('smdistributed')} must be a dict (got {section!r})")
-    for key in section:
-        if key not in _SMDISTRIBUTED_KEYS:
-            raise DistributionError(
-                f"{where('smdistributed')} has an unknown strategy {key!r}"
-                f"{_did_you_mean(key, _SMDISTRIBUTED_KEYS)} "
-                f"(supported: {list(_SMDISTRIBUTED_KEYS)})"
-            )
+    section = _section(raw, "smdistributed", _SMDISTRIBUTED_KEYS,
+                       noun="strategy", listing="supported")
     if len(section) > 1:
         raise DistributionError(
             f"{where('smdistributed')} holds {sorted(section)}: use one smdistributed "

@@ -21,7 +21,10 @@ from pathlib import Path
 from setuptools import Extension
 
 HERE = Path(__file__).resolve().parent
-CORE_SOURCES = ["kernels.cpp", "net.cpp", "shm.cpp", "bootstrap.cpp", "comm.cpp", "engine.cpp"]
+CORE_SOURCES = [
+    "kernels.cpp", "net.cpp", "shm.cpp", "bootstrap.cpp", "comm.cpp", "allreduce.cpp",
+    "interhost.cpp", "engine.cpp",
+]
 
 
 def library_file_name():

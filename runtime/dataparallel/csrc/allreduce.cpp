@@ -53,7 +53,10 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   // Averages divide once, at the stage that completes the sum.
   const int divisor = op == ReduceOp::Average ? t.size : 1;
   const bool small = count * es <= cfg_.small_bytes;
-  const bool whole = small || (t.num_hosts == 1 && L <= 2);
+  const bool whole = small;
+  // One host: a rank's own slice never goes through the segment; it reduces
+  // from its buffer and posts only what the peers reduce (one copy less).
+  const bool direct = t.num_hosts == 1 && !whole;
   char* base = static_cast<char*>(data);
   const Plan p = plan(g0, (std::size_t)(end - g0));
   auto set = [&](uint64_t g) { return p.set[g - g0]; };
@@ -64,6 +67,15 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
       t.num_hosts > 1 && !whole ? std::min<uint64_t>(cfg_.batch_chunks, seg_->depth()) : 1;
   auto reduce_until = [&](uint64_t g) { return std::min(end, g0 + ((g - g0) / batch + 1) * batch); };
   auto len = [&](uint64_t g) { return std::min(per_chunk, count - (g - g0) * per_chunk); };
+  // Posts a chunk into this rank's slot (direct: all but its own slice).
+  auto post = [&](uint64_t g) {
+    const std::size_t n = len(g);
+    if (!direct) return (void)std::memcpy(seg_->slot(set(g), me), at(g), n * es);
+    for (int j = 0; j < L; ++j) {
+      const Range r = part(n, L, j, es);
+      if (j != me) std::memcpy(seg_->slot(set(g), me) + r.lo * es, at(g) + r.lo * es, r.size() * es);
+    }
+  };
   std::vector<const void*> srcs(L);
   uint64_t copy = g0, reduce = g0, gather = g0;  // the next chunk of each stage
   auto since = std::chrono::steady_clock::now();
@@ -75,6 +87,7 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
     if (gather < reduce && seg_->min(Counter::Reduced) > gather) {
       const std::size_t n = len(gather);
       for (int j = 0; j < L; ++j) {
+        if (direct && j == me) continue;
         const Range r = part(n, L, j, es);
         std::memcpy(at(gather) + r.lo * es, seg_->slot(set(gather), j) + r.lo * es, r.size() * es);
       }
@@ -92,6 +105,14 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
       } else {
         const uint64_t until = reduce_until(reduce);
         std::vector<Slice> slices;
+        for (; reduce < until && direct; ++reduce) {
+          const Range mine = part(len(reduce), L, me, es);
+          char* own = at(reduce) + mine.lo * es;
+          for (int j = 0; j < L; ++j)
+            srcs[j] = j == me ? own : seg_->slot(set(reduce), j) + mine.lo * es;
+          reduce_into(dtype, op, own, srcs.data(), L, mine.size(), divisor);
+          std::memcpy(seg_->slot(set(reduce), me) + mine.lo * es, own, mine.size() * es);
+        }
         for (; reduce < until; ++reduce) {
           const Range mine = part(len(reduce), L, me, es);
           char* out = seg_->slot(set(reduce), me) + mine.lo * es;
@@ -105,7 +126,7 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
     } else if (copy < end && (p.previous[copy - g0] == kUnused ||
                               seg_->min(Counter::Gathered) > p.previous[copy - g0])) {
       // A slot set is free once every rank gathered the chunk that used it last.
-      std::memcpy(seg_->slot(set(copy), me), at(copy), len(copy) * es);
+      post(copy);
       seg_->publish(Counter::Posted, ++copy);
     } else {
       const uint64_t needs = copy < end ? p.previous[copy - g0] : kUnused;

@@ -255,5 +255,12 @@ def test_two_simulated_hosts_small_chunks():
     run_mpi(4, {"SHOAL_SHM_CHUNK_BYTES": "8192"}, per_rank_host=lambda r: f"h{r // 2}")
 
 
+def test_two_simulated_hosts_reading_peers_directly():
+    # Every size through the single-copy path, whose reduced pieces cross hosts
+    # in batches (small pieces: many batches per slice).
+    run_mpi(4, {"SHOAL_SINGLE_COPY_BYTES": "1", "SHOAL_SHM_CHUNK_BYTES": "8192"},
+            per_rank_host=lambda r: f"h{r // 2}")
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
     worker()

@@ -237,6 +237,12 @@ void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, Red
   const std::size_t piece = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
   pieces_.resize((std::size_t)L * piece * es);
   std::vector<const void*> srcs(L);
+  // Across hosts, the reduced pieces travel in batches (as in the chunk path)
+  // while the local peers keep reducing theirs.
+  const int H = t.num_hosts;
+  const uint64_t batch = std::max<uint64_t>(1, cfg_.batch_chunks);
+  uint64_t batched = 0;
+  Slice pending{nullptr, 0};
   for (std::size_t lo = mine.lo; lo < mine.hi; lo += piece) {
     const std::size_t n = std::min(piece, mine.hi - lo);
     for (int j = 0; j < L; ++j) {
@@ -249,7 +255,16 @@ void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, Red
       srcs[j] = buf;
     }
     reduce_into(dtype, op, data + lo * es, srcs.data(), L, n,
-                op == ReduceOp::Average ? t.size : 1);
+                op == ReduceOp::Average && H == 1 ? t.size : 1);
+    if (H == 1) continue;
+    // Batch boundaries depend only on the slice, so the peers on other hosts
+    // agree; a batch leaves while it is still in cache.
+    if (batched == 0) pending = {data + lo * es, 0};
+    pending.count += n;
+    if (++batched == batch || lo + piece >= mine.hi) {
+      inter_host({pending}, dtype, op, op == ReduceOp::Average ? t.size : 1, name);
+      batched = 0;
+    }
   }
   seg_->publish(Counter::Reduced, g);
   wait_counter(Counter::Reduced, g, name);

@@ -50,8 +50,8 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
     job_.barrier(cfg_.timeout_ms);
     seg_->set_can_read(probe_single_copy());
     job_.barrier(cfg_.timeout_ms);
-    // Across hosts the batched chunk pipeline measured faster: one host only.
-    single_copy_ = t.num_hosts == 1 && cfg_.single_copy_bytes > 0;
+    // Large messages read peers directly, on one host and across hosts alike.
+    single_copy_ = cfg_.single_copy_bytes > 0;
     for (int j = 0; j < t.local_size; ++j) single_copy_ = single_copy_ && seg_->can_read(j);
   } catch (...) {
     if (seg_ && job_.topo.local_rank == 0) seg_->unlink();  // never leak the name

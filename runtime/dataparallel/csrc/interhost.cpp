@@ -42,12 +42,21 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
     for (const Slice& s : slices) b += part(s.count, H, h, es).size() * es;
     return b;
   };
+  // One slice (the single-copy path): its parts go out and come back in
+  // place, without staging copies.
+  const bool one = slices.size() == 1;
+  auto in_place = [&](int h) { return slices[0].data + part(slices[0].count, H, h, es).lo * es; };
   // Phase 1: part h of every slice to host h; every host's copy of my part back.
   std::vector<net::Transfer> xfer;
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;
-    out_[h].resize(bytes_of(h));
     in_[h].resize(bytes_of(me));
+    if (one) {
+      xfer.push_back({job_.mesh[h], in_place(h), bytes_of(h), true, peer(h)});
+      xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
+      continue;
+    }
+    out_[h].resize(bytes_of(h));
     std::size_t off = 0;
     for (const Slice& s : slices) {
       const Range r = part(s.count, H, h, es);
@@ -60,7 +69,7 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
   auto check = [this] { seg_->check_abort(); };
   net::run(xfer, cfg_.timeout_ms, name, check);
   // My part of each slice, reduced in host order; packed for phase 2.
-  out_[me].resize(bytes_of(me));
+  if (!one) out_[me].resize(bytes_of(me));
   std::vector<const void*> srcs(H);
   std::size_t off = 0;
   for (const Slice& s : slices) {
@@ -68,18 +77,24 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
     for (int h = 0; h < H; ++h)
       srcs[h] = h == me ? static_cast<const void*>(s.data + own.lo * es) : in_[h].data() + off;
     reduce_into(dtype, op, s.data + own.lo * es, srcs.data(), H, own.size(), divisor);
-    std::memcpy(out_[me].data() + off, s.data + own.lo * es, own.size() * es);
+    if (!one) std::memcpy(out_[me].data() + off, s.data + own.lo * es, own.size() * es);
     off += own.size() * es;
   }
   // Phase 2: my reduced parts to every host; theirs into the slices.
   xfer.clear();
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;
+    if (one) {
+      xfer.push_back({job_.mesh[h], in_place(me), bytes_of(me), true, peer(h)});
+      xfer.push_back({job_.mesh[h], in_place(h), bytes_of(h), false, peer(h)});
+      continue;
+    }
     in_[h].resize(bytes_of(h));
     xfer.push_back({job_.mesh[h], out_[me].data(), out_[me].size(), true, peer(h)});
     xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
   }
   net::run(xfer, cfg_.timeout_ms, name, check);
+  if (one) return;
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;
     std::size_t pos = 0;

@@ -38,6 +38,8 @@ def worker(mode: str) -> None:
         print("ready", flush=True)
         if mode == "stall" and comm.rank == comm.size - 1:
             time.sleep(120)
+        if mode == "nap" and comm.rank in (1, 2):
+            time.sleep(120)
         if mode == "suicide" and comm.rank == 1:
             for _ in range(5):
                 core.allreduce(data)
@@ -100,16 +102,42 @@ def test_killed_local_rank_is_reported_by_the_others():
     procs[1].wait()
 
 
-def test_killed_rank_on_another_host_is_reported():
+@pytest.mark.parametrize("victim", [2, 0, 3])
+def test_killed_rank_is_named_on_every_host(victim):
+    # Hosts h0 = ranks 0, 1 and h1 = ranks 2, 3. The ranks that fail because
+    # of the victim (a survivor leaves, its peer on the other host sees that
+    # connection drop) must still name the victim, not each other.
     procs = start_ranks(4, "loop", timeout_s=60, hosts=["h0", "h0", "h1", "h1"])
-    procs[2].send_signal(signal.SIGKILL)
-    results = finish([procs[0], procs[1], procs[3]], deadline_s=20)
-    for code, err in results:
-        assert code == 3, err
-        assert "PeerLostError" in err, err
-    # Rank 0 exchanges with rank 2 directly: it names it.
-    assert "rank 2" in results[0][1], results[0][1]
-    procs[2].wait()
+    procs[victim].send_signal(signal.SIGKILL)
+    survivors = [r for r in range(4) if r != victim]
+    results = finish([procs[r] for r in survivors], deadline_s=20)
+    for rank, (code, err) in zip(survivors, results):
+        assert code == 3, (rank, err)
+        assert "PeerLostError" in err, (rank, err)
+        assert f"ranks=[{victim}]" in err, (rank, err)
+    procs[victim].wait()
+
+
+def test_rank_killed_while_the_other_host_waits_in_shared_memory():
+    # Ranks 1 and 2 sit outside any collective; rank 0 waits in shared memory
+    # for rank 1 (no TCP call), rank 3 for rank 2. Rank 2 dies: rank 3 sees it
+    # locally, rank 0 only through its control connection to rank 2.
+    procs = start_ranks(4, "nap", timeout_s=60, hosts=["h0", "h0", "h1", "h1"])
+    try:
+        time.sleep(0.5)  # ranks 0 and 3 are inside their allreduce by now
+        procs[2].send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        results = finish([procs[0], procs[3]], deadline_s=10)
+        elapsed = time.monotonic() - start
+        for rank, (code, err) in zip((0, 3), results):
+            assert code == 3, (rank, err)
+            assert "PeerLostError" in err and "ranks=[2]" in err, (rank, err)
+        assert elapsed < 5, f"detected only after {elapsed:.1f} s"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 def test_rank_that_never_arrives_times_out_everywhere():

@@ -102,6 +102,7 @@ void Job::close_all() {
   master_fd = -1;
   for (int& fd : member_fds) net::close_fd(fd), fd = -1;
   for (int& fd : mesh) net::close_fd(fd), fd = -1;
+  for (int& fd : control) net::close_fd(fd), fd = -1;
 }
 
 namespace {
@@ -170,25 +171,40 @@ void build_topology(const Config& c, Job& job) {
 }
 
 // Ranks with the same local rank on different hosts form a full mesh: the
-// higher host index connects, the lower accepts.
+// higher host index connects, the lower accepts. Each pair has two
+// connections: data (raw bytes) and control (failure notices, net.h).
 void connect_mesh(const Config& c, Job& job, int data_listen) {
   const Topology& t = job.topo;
   job.mesh.assign(t.num_hosts, -1);
+  job.control.assign(t.num_hosts, -1);
   for (int h = 0; h < t.host_index; ++h) {
     const RankRecord& peer = job.table[job.host_ranks[h][t.local_rank]];
-    int fd = net::connect_to(peer.addr, peer.port, c.timeout_ms);
-    net::send_all(fd, &t.host_index, sizeof(int), peer.rank, c.timeout_ms, "init");
-    job.mesh[h] = fd;
+    for (int channel = 0; channel < 2; ++channel) {
+      int fd = net::connect_to(peer.addr, peer.port, c.timeout_ms);
+      (channel == 0 ? job.mesh : job.control)[h] = fd;
+      const int hello[2] = {t.host_index, channel};
+      net::send_all(fd, hello, sizeof hello, peer.rank, c.timeout_ms, "init");
+    }
   }
-  for (int h = t.host_index + 1; h < t.num_hosts; ++h) {
+  for (int n = 2 * (t.num_hosts - 1 - t.host_index); n > 0; --n) {
     int fd = net::accept_one(data_listen, c.timeout_ms);
     if (fd < 0) throw Error(Error::Kind::Timeout, "init: a peer host did not connect in time");
-    int from = -1;
-    net::recv_all(fd, &from, sizeof from, -1, c.timeout_ms, "init");
-    if (from <= t.host_index || from >= t.num_hosts || job.mesh[from] >= 0)
+    int hello[2] = {-1, -1};
+    try {
+      net::recv_all(fd, hello, sizeof hello, -1, c.timeout_ms, "init");
+    } catch (...) {
+      net::close_fd(fd);
+      throw;
+    }
+    const int from = hello[0];
+    const bool known = from > t.host_index && from < t.num_hosts && (hello[1] == 0 || hello[1] == 1);
+    std::vector<int>& slot = hello[1] == 1 ? job.control : job.mesh;
+    if (!known || slot[from] >= 0) {
+      net::close_fd(fd);
       throw Error(Error::Kind::Usage, "init: unexpected mesh connection from host " +
                                           std::to_string(from));
-    job.mesh[from] = fd;
+    }
+    slot[from] = fd;
   }
 }
 

@@ -1,5 +1,6 @@
 // From the rank environment to a connected job: configuration, the TCP
-// rendezvous at MASTER_ADDR:MASTER_PORT, the topology, the inter-host mesh.
+// rendezvous at MASTER_ADDR:MASTER_PORT, the topology, the inter-host mesh
+// (a data and a control connection per peer pair).
 #pragma once
 
 #include <cstddef>
@@ -42,6 +43,7 @@ struct Job {
   std::vector<RankRecord> table;              // by global rank
   std::vector<std::vector<int>> host_ranks;   // global ranks of each host, ascending
   std::vector<int> mesh;                      // per host index: socket to my peer there (-1: mine)
+  std::vector<int> control;                   // per host index: control connection to the same peer
   int master_fd = -1;                         // rank > 0: the rendezvous connection
   std::vector<int> member_fds;                // rank 0: one per rank (-1 for itself)
 

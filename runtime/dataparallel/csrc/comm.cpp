@@ -6,8 +6,11 @@
 #include <errno.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "net.h"
 
@@ -21,6 +24,10 @@ std::string shm_name(const Config& c, int epoch) {
   for (char ch : raw) name += std::isalnum((unsigned char)ch) || ch == '-' ? ch : '_';
   return name.substr(0, 250);
 }
+
+// How long a rank whose data connection dropped waits for the peer's notice:
+// a failing peer sends it before it exits, so it is normally already there.
+constexpr int kNoticeWaitMs = 1000;
 
 
 }  // namespace
@@ -62,12 +69,77 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
   net::close_fd(job_.master_fd);
   job_.master_fd = -1;
   for (int& fd : job_.member_fds) net::close_fd(fd), fd = -1;
+  for (std::size_t h = 0; h < job_.control.size(); ++h)
+    control_.emplace_back(job_.control[h], job_.host_ranks[h][job_.topo.local_rank]);
+  if (!control_.empty()) seg_->set_watch([this] { watch_peers(); });
 }
 
-Comm::~Comm() { job_.close_all(); }
+Comm::~Comm() {
+  // Peers on other hosts tell a clean shutdown from a death by this.
+  for (const net::Control& c : control_) net::send_goodbye(c.fd());
+  job_.close_all();
+}
 
-void Comm::abort(const Error& error) {
-  if (seg_) seg_->abort(error);
+void Comm::abort(const Error& error) { fail(error); }
+
+Error Comm::fail(const Error& seen) {
+  if (!seg_) return seen;
+  const int me = job_.topo.rank;
+  Failure verdict;
+  if (!seg_->failure(verdict)) {
+    const Failure mine = root_cause(seen);
+    seg_->abort(mine);
+    // Another local rank may have won the race and still be writing its failure.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!seg_->failure(verdict)) {
+      if (std::chrono::steady_clock::now() > until) {
+        verdict = mine;
+        break;
+      }
+      std::this_thread::yield();
+    }
+  }
+  for (const net::Control& c : control_) net::send_failure(c.fd(), verdict);
+  return verdict.error(me);
+}
+
+// A lost data connection or a timeout naming my peer on another host may be
+// the echo of an earlier failure there: the peer then said why on the control
+// connection before it exited. A killed peer closes both without a word, and
+// then it is the root cause itself.
+Failure Comm::root_cause(const Error& seen) {
+  Failure mine = Failure::of(seen, job_.topo.rank);
+  const bool lost = seen.kind() == Error::Kind::PeerLost;
+  if (!lost && seen.kind() != Error::Kind::Timeout) return mine;
+  for (net::Control& c : control_) {
+    if (c.fd() < 0) continue;
+    const auto& r = seen.ranks();
+    const bool named = std::find(r.begin(), r.end(), c.peer()) != r.end();
+    // A local rank seen dead is a root cause: nothing to ask the other hosts.
+    if (lost && !named) continue;
+    c.receive(lost ? std::min(cfg_.timeout_ms, kNoticeWaitMs) : 0);
+    if (c.failure()) return *c.failure();
+  }
+  return mine;
+}
+
+// Runs while this rank waits, in shared memory or on TCP (through
+// HostSegment::check_abort): a failure on another host reaches this host even
+// when no local rank is talking to that host at the time.
+void Comm::watch_peers() {
+  for (net::Control& c : control_) {
+    if (c.fd() < 0) continue;
+    c.receive(0);
+    if (c.failure()) {
+      seg_->abort(*c.failure());
+    } else if (c.closed() && !c.goodbye()) {
+      const int p = c.peer();
+      seg_->abort({Error::Kind::PeerLost, {p},
+                   "connection to rank " + std::to_string(p) + " on host '" +
+                       job_.table[p].host + "' lost (its process exited)",
+                   job_.topo.rank});
+    }
+  }
 }
 
 bool Comm::probe_single_copy() {

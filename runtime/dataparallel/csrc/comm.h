@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "net.h"
 #include "shm.h"
 #include "shoal/core.h"
 
@@ -28,6 +29,11 @@ class Comm {
   void barrier();
   // Publishes a failure to the local ranks so that they fail at once too.
   void abort(const Error& error);
+  // The failure this rank reports after `seen` broke a collective: the root
+  // cause as this host agrees on it (a peer on another host that failed first
+  // says why in a notice). Publishes it to the local ranks and sends it to the
+  // peers on other hosts.
+  Error fail(const Error& seen);
 
  private:
   // Slot sets of an operation's chunks, and the chunk that used each set last.
@@ -55,8 +61,12 @@ class Comm {
   void inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op, int divisor,
                   const std::string& name);
 
+  Failure root_cause(const Error& seen);
+  void watch_peers();
+
   Config cfg_;
   Job job_;
+  std::vector<net::Control> control_;  // per host index: notices from my peer there
   std::unique_ptr<HostSegment> seg_;
   uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin
   std::vector<uint64_t> last_use_;  // per slot set: the last chunk that used it

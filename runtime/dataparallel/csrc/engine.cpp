@@ -208,9 +208,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
       return nullptr;
     } catch (const Error& e) {
       if (e.kind() == Error::Kind::Usage) return std::current_exception();
-      // A peer failed or vanished: tell the local ranks, fail what is queued.
-      comm_.abort(e);
-      std::exception_ptr error = std::current_exception();
+      // A peer failed or vanished: report the root cause this host agrees
+      // on, tell the local ranks and the other hosts, fail what is queued.
+      std::exception_ptr error = std::make_exception_ptr(comm_.fail(e));
       std::deque<Item> dropped;
       {
         std::lock_guard<std::mutex> lk(mu_);

@@ -12,7 +12,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -216,6 +218,120 @@ void recv_all(int fd, void* data, std::size_t size, int peer, int timeout_ms,
               const std::string& op) {
   std::vector<Transfer> t{{fd, static_cast<char*>(data), size, false, peer}};
   run(t, timeout_ms, op, nullptr);
+}
+
+namespace {
+
+// The frame of a notice on a control connection: this header, then `nranks`
+// int32 ranks, then `length` bytes of message.
+struct Frame {
+  uint32_t magic;
+  int32_t type;
+  int32_t kind;
+  int32_t origin;
+  uint32_t nranks;
+  uint32_t length;
+};
+constexpr uint32_t kFrameMagic = 0x53484E54u;  // "SHNT"
+constexpr int32_t kFailure = 1, kGoodbye = 2;
+constexpr uint32_t kMaxRanks = 4096, kMaxMessage = 4096;
+
+void send_frame(int fd, const std::string& frame) {
+  if (fd < 0) return;
+  // Only notices use this socket, so its buffer is empty and the first send
+  // normally takes the whole frame; the deadline bounds the odd partial one.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::size_t done = 0;
+  while (done < frame.size()) {
+    ssize_t n = ::send(fd, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += (std::size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{fd, POLLOUT, 0};
+    poll(&p, 1, (int)left.count());
+  }
+}
+
+std::string frame_of(int32_t type, const Failure* f) {
+  Frame h{kFrameMagic, type, 0, -1, 0, 0};
+  std::string message;
+  std::vector<int32_t> ranks;
+  if (f != nullptr) {
+    h.kind = static_cast<int32_t>(f->kind);
+    h.origin = f->origin;
+    ranks.assign(f->ranks.begin(), f->ranks.begin() + std::min<std::size_t>(f->ranks.size(), kMaxRanks));
+    message = f->message.substr(0, kMaxMessage);
+    h.nranks = (uint32_t)ranks.size();
+    h.length = (uint32_t)message.size();
+  }
+  std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+  out.append(reinterpret_cast<const char*>(ranks.data()), ranks.size() * sizeof(int32_t));
+  return out + message;
+}
+
+}  // namespace
+
+void send_failure(int fd, const Failure& failure) { send_frame(fd, frame_of(kFailure, &failure)); }
+
+void send_goodbye(int fd) { send_frame(fd, frame_of(kGoodbye, nullptr)); }
+
+void Control::receive(int wait_ms) {
+  if (fd_ < 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  for (;;) {
+    char buf[4096];
+    while (!closed_) {
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n > 0) {
+        pending_.append(buf, (std::size_t)n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        break;
+      } else {
+        closed_ = true;  // EOF, or a reset: nothing more will come
+      }
+    }
+    parse();
+    if (settled()) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{fd_, POLLIN, 0};
+    poll(&p, 1, (int)left.count());
+  }
+}
+
+void Control::parse() {
+  while (pending_.size() >= sizeof(Frame)) {
+    Frame h;
+    std::memcpy(&h, pending_.data(), sizeof h);
+    if (h.magic != kFrameMagic || (h.type != kFailure && h.type != kGoodbye) ||
+        h.nranks > kMaxRanks || h.length > kMaxMessage) {
+      // Not a notice: nothing on this connection can be trusted any more.
+      pending_.clear();
+      closed_ = true;
+      return;
+    }
+    const std::size_t total = sizeof h + h.nranks * sizeof(int32_t) + h.length;
+    if (pending_.size() < total) return;
+    if (h.type == kGoodbye) {
+      goodbye_ = true;
+    } else if (!failure_) {
+      Failure f;
+      const bool known = h.kind >= 0 && h.kind <= static_cast<int32_t>(Error::Kind::System);
+      f.kind = known ? static_cast<Error::Kind>(h.kind) : Error::Kind::System;
+      f.origin = h.origin;
+      f.ranks.resize(h.nranks);
+      std::memcpy(f.ranks.data(), pending_.data() + sizeof h, h.nranks * sizeof(int32_t));
+      f.message = pending_.substr(sizeof h + h.nranks * sizeof(int32_t), h.length);
+      failure_ = std::move(f);
+    }
+    pending_.erase(0, total);
+  }
 }
 
 }  // namespace net

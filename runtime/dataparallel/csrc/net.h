@@ -1,11 +1,15 @@
-// TCP transport: the bootstrap rendezvous and the inter-host data plane.
+// TCP transport: the bootstrap rendezvous, the inter-host data plane, and
+// the control connections that carry failure notices between hosts.
 // Sockets are non-blocking; every wait is bounded by a timeout.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "failure.h"
 
 namespace shoal {
 namespace net {
@@ -46,6 +50,43 @@ void send_all(int fd, const void* data, std::size_t size, int peer, int timeout_
               const std::string& op);
 void recv_all(int fd, void* data, std::size_t size, int peer, int timeout_ms,
               const std::string& op);
+
+// Control connections: one per inter-host peer pair, next to the data
+// connection. The data connection carries raw bytes without framing, so
+// notices need a connection of their own: a framed failure when a rank fails,
+// a goodbye when it shuts down cleanly. A control connection that closes
+// without either means that the peer process died.
+//
+// Both sends are best effort and never block for long: a peer that is gone
+// is not an error here.
+void send_failure(int fd, const Failure& failure);
+void send_goodbye(int fd);
+
+// The receiving end of a control connection (does not own the socket).
+class Control {
+ public:
+  Control(int fd, int peer) : fd_(fd), peer_(peer) {}
+  int fd() const { return fd_; }
+  int peer() const { return peer_; }
+  // Reads what has arrived; waits up to wait_ms for a notice or the close.
+  void receive(int wait_ms);
+  // The peer's failure notice, once it arrived.
+  const std::optional<Failure>& failure() const { return failure_; }
+  bool goodbye() const { return goodbye_; }
+  // The peer's end is closed (or broken), after everything it sent.
+  bool closed() const { return closed_; }
+
+ private:
+  bool settled() const { return failure_ || goodbye_ || closed_; }
+  void parse();
+
+  int fd_;
+  int peer_;
+  std::string pending_;  // bytes of an incomplete frame
+  std::optional<Failure> failure_;
+  bool goodbye_ = false;
+  bool closed_ = false;
+};
 
 }  // namespace net
 }  // namespace shoal

@@ -75,7 +75,8 @@ struct HostSegment::Control {
   uint32_t depth;
   alignas(64) std::atomic<uint32_t> futex_word;
   std::atomic<uint32_t> waiters;
-  alignas(64) std::atomic<int32_t> abort_rank;
+  alignas(64) std::atomic<int32_t> abort_claim;  // 1 once a rank writes the failure below
+  std::atomic<int32_t> abort_rank;               // its origin, stored last: -1 until complete
   int32_t abort_kind;
   int32_t abort_nranks;
   int32_t abort_ranks[kMaxAbortRanks];
@@ -129,6 +130,7 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
     ctl_->local_size = (uint32_t)local_size;
     ctl_->slot_bytes = slot_bytes_;
     ctl_->depth = (uint32_t)depth_;
+    ctl_->abort_claim.store(0);
     ctl_->abort_rank.store(-1);
     for (int i = 0; i < kMaxLocal; ++i) {
       for (auto& c : ctl_->ranks[i].counter) c.store(0);
@@ -178,26 +180,38 @@ bool HostSegment::can_read(int local_rank) const { return ctl_->ranks[local_rank
 
 uint32_t HostSegment::version() const { return ctl_->futex_word.load(); }
 
-void HostSegment::check_abort() const {
-  const int who = ctl_->abort_rank.load();
-  if (who < 0) return;
-  std::vector<int> ranks(ctl_->abort_ranks, ctl_->abort_ranks + ctl_->abort_nranks);
-  throw Error(static_cast<Error::Kind>(ctl_->abort_kind),
-              std::string(ctl_->abort_message) + " (reported by rank " + std::to_string(who) + ")",
-              ranks);
+bool HostSegment::failure(Failure& out) const {
+  const int origin = ctl_->abort_rank.load(std::memory_order_acquire);
+  if (origin < 0) return false;
+  out.kind = static_cast<Error::Kind>(ctl_->abort_kind);
+  out.ranks.assign(ctl_->abort_ranks, ctl_->abort_ranks + ctl_->abort_nranks);
+  out.message = ctl_->abort_message;
+  out.origin = origin;
+  return true;
 }
 
-void HostSegment::abort(const Error& error) {
-  int32_t expected = -1;
-  const int me = peers_[local_rank_].global_rank;
+void HostSegment::check_abort() const {
+  if (watch_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_watch_ > std::chrono::milliseconds(100)) {
+      last_watch_ = now;
+      watch_();
+    }
+  }
+  Failure f;
+  if (failure(f)) throw f.error(peers_[local_rank_].global_rank);
+}
+
+void HostSegment::abort(const Failure& f) {
   // The first failure wins; its message is the one every local rank reports.
-  if (ctl_->abort_rank.load() >= 0) return;
-  ctl_->abort_kind = static_cast<int32_t>(error.kind());
-  const auto& ranks = error.ranks();
-  ctl_->abort_nranks = (int32_t)std::min<std::size_t>(ranks.size(), kMaxAbortRanks);
-  for (int i = 0; i < ctl_->abort_nranks; ++i) ctl_->abort_ranks[i] = ranks[i];
-  std::strncpy(ctl_->abort_message, error.what(), sizeof ctl_->abort_message - 1);
-  ctl_->abort_rank.compare_exchange_strong(expected, me);
+  int32_t unclaimed = 0;
+  if (!ctl_->abort_claim.compare_exchange_strong(unclaimed, 1)) return;
+  ctl_->abort_kind = static_cast<int32_t>(f.kind);
+  ctl_->abort_nranks = (int32_t)std::min<std::size_t>(f.ranks.size(), kMaxAbortRanks);
+  for (int i = 0; i < ctl_->abort_nranks; ++i) ctl_->abort_ranks[i] = f.ranks[i];
+  std::memset(ctl_->abort_message, 0, sizeof ctl_->abort_message);
+  std::strncpy(ctl_->abort_message, f.message.c_str(), sizeof ctl_->abort_message - 1);
+  ctl_->abort_rank.store(f.origin, std::memory_order_release);
   ctl_->futex_word.fetch_add(1);
   futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
 }

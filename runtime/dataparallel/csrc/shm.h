@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "failure.h"
 #include "shoal/core.h"
 
 namespace shoal {
@@ -59,9 +61,15 @@ class HostSegment {
   // error another local rank published with abort().
   void wait_change(uint32_t seen, const std::vector<int>& lagging, const std::string& op,
                    std::chrono::steady_clock::time_point since);
-  // Tells the other local ranks that this rank failed, so they fail at once too.
-  void abort(const Error& error);
+  // Tells the other local ranks that a rank failed, so they fail at once too.
+  // The first failure published on the host wins; later ones are dropped.
+  void abort(const Failure& failure);
+  // The failure published on this host, if any.
+  bool failure(Failure& out) const;
+  // Throws the published failure. Runs the watch first (at most every
+  // 100 ms): a failure found there (from another host) is published before.
   void check_abort() const;
+  void set_watch(std::function<void()> watch) { watch_ = std::move(watch); }
   // Throws PeerLost naming the first of `locals` (local ranks) that is gone.
   void check_liveness(const std::vector<int>& locals, const std::string& op) const;
 
@@ -80,6 +88,8 @@ class HostSegment {
   Control* ctl_ = nullptr;
   char* data_ = nullptr;
   std::chrono::steady_clock::time_point last_liveness_{};
+  std::function<void()> watch_;
+  mutable std::chrono::steady_clock::time_point last_watch_{};
 };
 
 }  // namespace shoal

@@ -21,7 +21,7 @@ HERE = os.path.abspath(__file__)
 STEPS = 20
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_torch_ddp_on_shoal_matches_gloo(ranks):
     out = mpirun(ranks, HERE, "torch-ddp", env={"MASTER_PORT": str(free_port())})
     assert out.count("torch ddp ok") == ranks
@@ -205,11 +205,20 @@ def main_torch_ddp():
     dist.init_process_group(backend="shoal")
     gloo = dist.new_group(backend="gloo")
     rank = dist.get_rank()
-    results = {}
-    for name, group in (("shoal", None), ("gloo", gloo)):
+    results, views = {}, {}
+    for name, group, options in (
+        ("shoal", None, {}),
+        ("shoal-copies", None, {"gradient_as_bucket_view": False}),
+        ("gloo", gloo, {}),
+    ):
         model = perturbed_model(rank)
-        wrapped = DDP(model, process_group=group, bucket_cap_mb=0.1)
+        wrapped = DDP(model, process_group=group, bucket_cap_mb=0.1, **options)
         results[name] = train(wrapped, model, rank)
+        views[name] = wrapped.gradient_as_bucket_view
+    # On Shoal's groups DDP keeps gradients in its buckets unless told otherwise: the
+    # same arithmetic as with torch's copies, so the same bits.
+    assert views == {"shoal": True, "shoal-copies": False, "gloo": False}, views
+    assert torch.equal(results["shoal"], results["shoal-copies"])
     torch.testing.assert_close(results["shoal"], results["gloo"], rtol=1e-5, atol=1e-6)
     assert not torch.equal(results["shoal"], make_model_flat()), "the model did not train"
     # With a comm hook chained on the backend's futures (as DDP's hooks do).

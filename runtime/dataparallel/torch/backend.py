@@ -34,7 +34,11 @@ def is_registered(name: str = BACKEND_NAME) -> bool:
 
 
 def register_backend() -> None:
-    """Register ``shoal`` and its aliases for CPU tensors (idempotent)."""
+    """Register ``shoal`` and its aliases for CPU tensors, and make torch's DDP on them keep
+    gradients in its buckets (see ``ddp_defaults``). Idempotent."""
+    from . import ddp_defaults
+
+    ddp_defaults.install()
     for name in (BACKEND_NAME, *ALIASES):
         if not is_registered(name):
             torch_dist.Backend.register_backend(

@@ -150,12 +150,18 @@ def check_async_and_fusion(core, rank, size, hosts) -> int:
 
 def check_other_collectives(core, rank, size) -> int:
     cases = 0
+    # One element, one chunk, many chunks, several 4 MiB blocks (odd sizes);
+    # an allreduce between broadcasts checks that the counters stay in step.
     for root in range(size):
-        data = np.random.default_rng((7, root)).standard_normal(1001).astype(np.float64)
-        mine = data.copy() if rank == root else np.full(1001, -1.0)
-        core.broadcast(mine, root=root)
-        assert mine.tobytes() == data.tobytes()
-        cases += 1
+        for n in (1, 1001, 150_001, 1_300_001):
+            data = np.random.default_rng((7, root, n)).standard_normal(n).astype(np.float64)
+            mine = data.copy() if rank == root else np.full(n, -1.0)
+            core.broadcast(mine, root=root)
+            assert mine.tobytes() == data.tobytes(), f"broadcast root={root} n={n}"
+            token = np.ones(3, dtype=np.int32)
+            core.allreduce(token)
+            assert (token == size).all()
+            cases += 1
     for n in (1, 3, 70001):
         mine = np.arange(n, dtype=np.int32) * (rank + 1)
         gathered = core.allgather(mine)

@@ -153,15 +153,6 @@ bool Comm::probe_single_copy() {
   return n == (ssize_t)sizeof value && value == probe_word_;
 }
 
-void Comm::broadcast(void* data, std::size_t bytes, int root) {
-  if (root < 0 || root >= cfg_.size)
-    throw Error(Error::Kind::Usage, "broadcast: root " + std::to_string(root) + " is not a rank");
-  if (cfg_.size == 1) return;
-  // A sum of zeros and root's bytes is root's bytes, bit for bit.
-  if (cfg_.rank != root) std::memset(data, 0, bytes);
-  allreduce(data, bytes, DType::UInt8, ReduceOp::Sum, "broadcast");
-}
-
 void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
   std::vector<char> mine(static_cast<const char*>(send),
                          static_cast<const char*>(send) + bytes_per_rank);

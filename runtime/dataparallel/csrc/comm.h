@@ -54,6 +54,8 @@ class Comm {
     char* data;
     std::size_t count;
   };
+  // Root's block of a broadcast to the other local ranks, through the slots.
+  void local_broadcast(char* data, std::size_t bytes, int local_root);
   void exchange_whole(char* buf, std::size_t count, DType dtype, ReduceOp op, int divisor,
                       const std::string& name);
   // Reduces this rank's slices of a batch of chunks with the same local rank

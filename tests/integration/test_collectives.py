@@ -162,7 +162,8 @@ def check_other_collectives(core, rank, size) -> int:
             core.allreduce(token)
             assert (token == size).all()
             cases += 1
-    for n in (1, 3, 70001):
+    # Up to several chunks per column, odd sizes (columns straddle blocks).
+    for n in (1, 3, 70001, 300_007):
         mine = np.arange(n, dtype=np.int32) * (rank + 1)
         gathered = core.allgather(mine)
         assert gathered.shape == (size, n)

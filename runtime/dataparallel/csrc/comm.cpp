@@ -153,16 +153,6 @@ bool Comm::probe_single_copy() {
   return n == (ssize_t)sizeof value && value == probe_word_;
 }
 
-void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
-  std::vector<char> mine(static_cast<const char*>(send),
-                         static_cast<const char*>(send) + bytes_per_rank);
-  char* out = static_cast<char*>(recv);
-  std::memset(out, 0, bytes_per_rank * cfg_.size);
-  std::memcpy(out + bytes_per_rank * cfg_.rank, mine.data(), bytes_per_rank);
-  if (cfg_.size == 1) return;
-  allreduce(out, bytes_per_rank * cfg_.size, DType::UInt8, ReduceOp::Sum, "allgather");
-}
-
 void Comm::reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
   if (root < 0 || root >= cfg_.size)
     throw Error(Error::Kind::Usage, "reduce: root " + std::to_string(root) + " is not a rank");

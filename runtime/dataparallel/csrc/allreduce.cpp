@@ -1,19 +1,23 @@
-// Collective algorithms (see comm.h).
+// Allreduce inside a host, and the local stages of allreduce across hosts.
 //
 // Large allreduces (SHOAL_SINGLE_COPY_BYTES and up) take the single-copy path
 // when every local rank may read its peers' memory (process_vm_readv, probed
-// at init): see allreduce_single_copy. Otherwise, and for smaller messages,
-// allreduce works per chunk of at most SHOAL_SHM_CHUNK_BYTES (cache-sized):
-//   1. copy: each local rank copies its chunk into its slot of the segment;
-//   2. reduce: on one host, when the message is small or there are only two
-//      local ranks, every rank reduces the whole chunk from all slots (a single
-//      handshake). Otherwise each local rank reduces its own slice of the chunk
-//      from all slots, in local-rank order (reduce-scatter);
+// at init): each rank reduces its slice straight from its peers' buffers, in
+// cache-sized pieces; across hosts each batch of reduced pieces goes to the
+// other hosts while it is still in cache (interhost.cpp); then every rank
+// copies the other slices from their owners' buffers. Otherwise, and for
+// smaller messages, allreduce works per chunk of at most SHOAL_SHM_CHUNK_BYTES:
+//   1. copy: each local rank copies its chunk into its slot of the segment
+//      (on one host, all but its own slice: it reduces that from its buffer);
+//   2. reduce: small messages (SHOAL_SMALL_BYTES) take a single handshake:
+//      every rank reduces the whole chunk from all slots. Otherwise each local
+//      rank reduces its own slice of the chunk, in local-rank order
+//      (reduce-scatter);
 //   3. across hosts, each local rank exchanges only its slice with the ranks of
 //      the same local rank on the other hosts (balanced, as Herring does): the
 //      slice is split in one part per host, each host reduces its part in host
 //      order and sends it back;
-//   4. gather: every rank copies all reduced slices out.
+//   4. gather: every rank copies the other reduced slices out.
 // The stages are pipelined over SHOAL_SHM_DEPTH slot sets: a rank that would
 // wait for a peer copies further chunks ahead instead, and sleeps only when no
 // stage of any chunk can proceed. A rank that runs while its peers are

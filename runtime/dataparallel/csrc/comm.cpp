@@ -28,6 +28,11 @@ std::string shm_name(const Config& c, int epoch) {
 // How long a rank whose data connection dropped waits for the peer's notice:
 // a failing peer sends it before it exits, so it is normally already there.
 constexpr int kNoticeWaitMs = 1000;
+// How long a silent close is tolerated while this rank waits on its own host.
+// A peer that leaves without shutdown() (os._exit) after its last collective
+// looks like a death; the local ranks that still finish that collective need
+// no more than a scheduling delay.
+constexpr auto kSilentCloseGrace = std::chrono::milliseconds(1000);
 
 
 }  // namespace
@@ -132,7 +137,8 @@ void Comm::watch_peers() {
     c.receive(0);
     if (c.failure()) {
       seg_->abort(*c.failure());
-    } else if (c.closed() && !c.goodbye()) {
+    } else if (c.closed() && !c.goodbye() &&
+               std::chrono::steady_clock::now() - c.closed_at() > kSilentCloseGrace) {
       const int p = c.peer();
       seg_->abort({Error::Kind::PeerLost, {p},
                    "connection to rank " + std::to_string(p) + " on host '" +

@@ -293,6 +293,7 @@ void Control::receive(int wait_ms) {
         break;
       } else {
         closed_ = true;  // EOF, or a reset: nothing more will come
+        closed_at_ = std::chrono::steady_clock::now();
       }
     }
     parse();

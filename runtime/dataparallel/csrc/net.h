@@ -3,6 +3,7 @@
 // Sockets are non-blocking; every wait is bounded by a timeout.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
@@ -75,6 +76,7 @@ class Control {
   bool goodbye() const { return goodbye_; }
   // The peer's end is closed (or broken), after everything it sent.
   bool closed() const { return closed_; }
+  std::chrono::steady_clock::time_point closed_at() const { return closed_at_; }
 
  private:
   bool settled() const { return failure_ || goodbye_ || closed_; }
@@ -86,6 +88,7 @@ class Control {
   std::optional<Failure> failure_;
   bool goodbye_ = false;
   bool closed_ = false;
+  std::chrono::steady_clock::time_point closed_at_{};
 };
 
 }  // namespace net

@@ -47,6 +47,17 @@ def test_collectives_match_numpy(ranks):
     assert out.count("collectives ok") == ranks
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_gather_scatter_reduce_scatter_alltoall_match_numpy_and_gloo(ranks):
+    out = mpirun(ranks, HERE, "more-collectives", env={"MASTER_PORT": str(free_port())})
+    assert out.count("more collectives ok") == ranks
+
+
+def test_subgroups_fail_clearly_and_world_sized_groups_work():
+    out = mpirun(3, HERE, "subgroups", env={"MASTER_PORT": str(free_port())})
+    assert out.count("subgroups ok") == 3
+
+
 def test_module_api_bootstraps_under_plain_mpirun():
     """No MASTER_PORT at all: the core bootstraps itself and publishes torch's store."""
     env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
@@ -224,6 +235,182 @@ def main_collectives():
     print(f"rank {rank}: collectives ok", flush=True)
 
 
+def values(rank, tag, shape=(3, 4), dtype="float32"):
+    """A tensor that names its origin (rank, tag), the same on every rank."""
+    import torch
+
+    return (torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
+            + 100 * rank + 1000 * tag).to(torch_dtype(dtype))
+
+
+def check_gather_scatter(dist, rank, world):
+    import torch
+
+    for tag, dtype in enumerate(("float32", "int64", "bfloat16", "uint8")):
+        for root in range(world):
+            mine = values(rank, tag, (4, 3), dtype).t()  # non-contiguous input
+            outputs = [torch.empty(3, 4, dtype=mine.dtype) for _ in range(world)] if rank == root else None
+            dist.gather(mine, outputs, dst=root)
+            if rank == root:
+                for r, got in enumerate(outputs):
+                    assert torch.equal(got, values(r, tag, (4, 3), dtype).t()), (dtype, root, r)
+            parts = [values(r, tag, (2, 5), dtype) for r in range(world)] if rank == root else None
+            base = torch.zeros(5, 2, dtype=mine.dtype)
+            dist.scatter(base.t(), parts, src=root)  # non-contiguous output
+            assert torch.equal(base.t(), values(rank, tag, (2, 5), dtype)), (dtype, root)
+
+
+def check_reduce_scatter(dist, rank, world):
+    import torch
+
+    for seed, op in enumerate(("SUM", "AVG", "MAX", "PRODUCT")):
+        inputs = [[rank_input(r, 6, "float64", op, 50 + seed * world + d) for d in range(world)]
+                  for r in range(world)]
+        want = expected([inputs[r][rank] for r in range(world)], "float64", op, world)
+        out = torch.empty(2, 3, dtype=torch.float64)
+        chunks = [torch.from_numpy(inputs[rank][d].copy()).reshape(2, 3) for d in range(world)]
+        dist.reduce_scatter(out, chunks, op=getattr(dist.ReduceOp, op))
+        torch.testing.assert_close(out.reshape(-1), torch.from_numpy(want), rtol=1e-12, atol=1e-12)
+        single = torch.empty(6, dtype=torch.float64)
+        dist.reduce_scatter_tensor(single, torch.cat([c.reshape(-1) for c in chunks]),
+                                   op=getattr(dist.ReduceOp, op))
+        assert torch.equal(single, out.reshape(-1)), op
+    # two reduce_scatter_tensor and two all_gather_into_tensor calls, coalesced
+    outs = [torch.empty(2), torch.empty(3, dtype=torch.int64)]
+    ins = [torch.arange(2.0 * world) + rank, torch.arange(3 * world) * (rank + 1)]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for out, tensor in zip(outs, ins):
+            dist.reduce_scatter_tensor(out, tensor)
+    manager.wait()
+    total = sum(range(world))
+    assert torch.equal(outs[0], torch.arange(2.0 * rank, 2.0 * rank + 2) * world + total)
+    assert torch.equal(outs[1], torch.arange(3 * rank, 3 * rank + 3) * (total + world))
+    gathered = [torch.empty(2 * world), torch.empty(3 * world, dtype=torch.int64)]
+    with dist._coalescing_manager(async_ops=True) as manager:
+        for out, tensor in zip(gathered, outs):
+            dist.all_gather_into_tensor(out, tensor)
+    manager.wait()
+    assert torch.equal(gathered[0], torch.arange(2.0 * world) * world + total)
+    assert torch.equal(gathered[1], torch.arange(3 * world) * (total + world))
+
+
+def rows(source, target, count, width=3):
+    """Rows ``source`` sends to ``target`` in the all-to-all tests, naming both."""
+    import torch
+
+    return torch.arange(count * width, dtype=torch.float32).reshape(count, width) + 100 * source + 10 * target
+
+
+def check_alltoall(dist, rank, world, gloo):
+    import torch
+
+    # equal splits, against numpy's transposition and against gloo
+    mine = torch.arange(world * 2 * 3, dtype=torch.float64).reshape(world * 2, 3) + 1000 * rank
+    out = torch.empty_like(mine)
+    dist.all_to_all_single(out, mine)
+    want = np.concatenate([(np.arange(world * 6).reshape(world * 2, 3) + 1000 * s)[rank * 2:rank * 2 + 2]
+                           for s in range(world)])
+    assert np.array_equal(out.numpy(), want)
+    reference = torch.empty_like(mine)
+    dist.all_to_all_single(reference, mine, group=gloo)
+    assert torch.equal(out, reference)
+    # uneven splits: rank s sends s + d + 1 rows to rank d
+    sends = torch.cat([rows(rank, d, rank + d + 1) for d in range(world)])
+    out_splits = [s + rank + 1 for s in range(world)]
+    out = torch.empty(sum(out_splits), 3)
+    in_splits = [rank + d + 1 for d in range(world)]
+    dist.all_to_all_single(out, sends, out_splits, in_splits)
+    assert torch.equal(out, torch.cat([rows(s, rank, s + rank + 1) for s in range(world)]))
+    reference = torch.empty_like(out)
+    dist.all_to_all_single(reference, sends, out_splits, in_splits, group=gloo)
+    assert torch.equal(out, reference)
+    # list form, asynchronously, with a non-contiguous output
+    outputs = [torch.empty(s + rank + 1, 3) for s in range(world)]
+    outputs[-1] = torch.empty(3, world + rank).t()
+    work = dist.all_to_all(outputs, [rows(rank, d, rank + d + 1) for d in range(world)], async_op=True)
+    work.wait()
+    for s, got in enumerate(outputs):
+        assert torch.equal(got, rows(s, rank, s + rank + 1)), s
+    # a rank expecting other sizes than were sent fails, naming them; the others go on
+    out = torch.empty(world * 2, 3)
+    wrong = [1, 3] + [2] * (world - 2) if rank == 0 else None
+    try:
+        dist.all_to_all_single(out, torch.zeros(world * 2, 3), wrong)
+    except RuntimeError as error:
+        assert rank == 0 and "rank 0 sent 24 bytes to rank 0, which expected 12" in str(error), error
+    else:
+        assert rank != 0, "a mismatched all_to_all_single succeeded"
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    assert torch.equal(tensor, torch.full((2,), float(world)))
+
+
+def check_unsupported(dist, rank, world):
+    import torch
+
+    try:
+        dist.send(torch.ones(1), dst=(rank + 1) % world)
+    except RuntimeError as error:
+        assert "does not support send" in str(error), error
+    else:
+        raise AssertionError("send should fail on the shoal backend")
+
+
+def main_more_collectives():
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch.distributed as dist
+
+    setup_env_like_shoal_rank()
+    dist.init_process_group(backend="shoal")
+    gloo = dist.new_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check_gather_scatter(dist, rank, world)
+    check_reduce_scatter(dist, rank, world)
+    check_alltoall(dist, rank, world, gloo)
+    check_unsupported(dist, rank, world)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: more collectives ok", flush=True)
+
+
+def main_subgroups():
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch
+    import torch.distributed as dist
+
+    setup_env_like_shoal_rank()
+    dist.init_process_group(backend="shoal")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pair = dist.new_group([0, 2])  # every rank takes part in creating every group
+    pair_gloo = dist.new_group([0, 2], backend="gloo")
+    everyone = dist.new_group(list(range(world)))
+    if rank in (0, 2):
+        assert dist.get_backend(pair) == "shoal"
+        for call in (lambda: dist.all_reduce(torch.ones(2), group=pair),
+                     lambda: dist.broadcast(torch.ones(2), src=0, group=pair),
+                     lambda: dist.barrier(group=pair)):
+            try:
+                call()
+            except RuntimeError as error:
+                message = str(error)
+                assert "subgroup (ranks [0, 2] of a world of 3)" in message, message
+                assert 'backend="gloo"' in message, message
+            else:
+                raise AssertionError("a collective on a subgroup succeeded")
+        tensor = torch.full((2,), float(rank))
+        dist.all_reduce(tensor, group=pair_gloo)
+        assert torch.equal(tensor, torch.full((2,), 2.0))
+    tensor = torch.full((3,), float(rank + 1))
+    dist.all_reduce(tensor, group=everyone)
+    assert torch.equal(tensor, torch.full((3,), world * (world + 1) / 2))
+    gathered = [torch.empty(1) for _ in range(world)]
+    dist.all_gather(gathered, torch.tensor([float(rank)]), group=everyone)
+    assert [g.item() for g in gathered] == [float(r) for r in range(world)]
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: subgroups ok", flush=True)
+
+
 def main_module_api():
     import smdistributed.dataparallel.torch.distributed as sdist
     import torch
@@ -274,5 +461,11 @@ def main_peer_lost():
 
 
 if __name__ == "__main__":
-    modes = {"collectives": main_collectives, "module-api": main_module_api, "peer-lost": main_peer_lost}
+    modes = {
+        "collectives": main_collectives,
+        "more-collectives": main_more_collectives,
+        "subgroups": main_subgroups,
+        "module-api": main_module_api,
+        "peer-lost": main_peer_lost,
+    }
     modes[sys.argv[1]]()

@@ -15,18 +15,35 @@ BACKEND_NAME = "shoal"
 ALIASES = ("smddp",)
 
 
-def create_process_group(store, rank: int, size: int, timeout):
+def create_process_group(store, rank: int, size: int, timeout, ranks=()):
     """torch's creator for backend ``shoal``: start the core if needed, return the
-    c10d Backend bound to it (``createProcessGroupShoal(store, rank, size, timeout)``)."""
+    c10d Backend bound to it (``createProcessGroupShoal(store, rank, size, timeout)``).
+
+    ``ranks`` are the group's global ranks (none: the world). The core's communicator
+    spans the world, so a group of fewer ranks gets a Backend whose collectives fail,
+    naming the call; the core is not started for it."""
     from . import rendezvous
     from .build import load_extension
 
     extension = load_extension()
+    if ranks and len(ranks) != torch_dist.get_world_size():
+        return extension.create_subgroup_backend(rank, list(ranks), torch_dist.get_world_size())
     rendezvous.start_core_through_store(store, rank)
     return extension.create_backend(rank, size)
 
 
 createProcessGroupShoal = create_process_group  # noqa: N816 - the name c10d backends use
+
+
+def create_from_options(options, backend_options=None):
+    """torch's extended creator: its options also name the group's global ranks."""
+    return create_process_group(
+        options.store,
+        options.group_rank,
+        options.group_size,
+        options.timeout,
+        list(options.global_ranks_in_group),
+    )
 
 
 def is_registered(name: str = BACKEND_NAME) -> bool:
@@ -42,7 +59,7 @@ def register_backend() -> None:
     for name in (BACKEND_NAME, *ALIASES):
         if not is_registered(name):
             torch_dist.Backend.register_backend(
-                name, create_process_group, extended_api=False, devices=["cpu"]
+                name, create_from_options, extended_api=True, devices=["cpu"]
             )
 
 

@@ -5,7 +5,8 @@
 allreduce.py under mpirun in two configurations, 2 ranks on one host and 2
 simulated hosts x 2 ranks (Shoal groups ranks by SHOAL_HOST, so its inter-host
 path runs over TCP); --rounds and --sizes apply to it. ddp_step.py under
-mpirun with 2 ranks; local_startup.py starts its own local job.
+mpirun with 2 ranks; exchange_floor.py compiles and runs its C++ program;
+local_startup.py starts its own local job.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
     ]
     if (HERE / "ddp_step.py").exists():
         runs.append(("DDP step, 2 ranks", [*MPIRUN, "-np", "2", sys.executable, str(HERE / "ddp_step.py")]))
+    runs.append(("two-core exchange floor", [sys.executable, str(HERE / "exchange_floor.py")]))
     if (HERE / "local_startup.py").exists():
         runs.append(("local-mode startup", [sys.executable, str(HERE / "local_startup.py")]))
     return runs

@@ -1,6 +1,8 @@
 """Failures of the collective core: a rank killed in the middle of allreduces,
 and a rank that never arrives. The others must fail with a clear error (op
-name, ranks) within the timeout, and no process may hang.
+name, ranks) within the timeout, and no process may hang. Across simulated
+hosts every survivor names the killed rank, also the ranks that only saw a
+survivor on the other host leave because of it.
 
 Ranks are plain processes with torchrun-style variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), so the test controls which one dies and when; one

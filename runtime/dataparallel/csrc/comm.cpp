@@ -85,8 +85,6 @@ Comm::~Comm() {
   job_.close_all();
 }
 
-void Comm::abort(const Error& error) { fail(error); }
-
 Error Comm::fail(const Error& seen) {
   if (!seg_) return seen;
   const int me = job_.topo.rank;

@@ -27,8 +27,6 @@ class Comm {
   void allgather(const void* send, void* recv, std::size_t bytes_per_rank);
   void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
   void barrier();
-  // Publishes a failure to the local ranks so that they fail at once too.
-  void abort(const Error& error);
   // The failure this rank reports after `seen` broke a collective: the root
   // cause as this host agrees on it (a peer on another host that failed first
   // says why in a notice). Publishes it to the local ranks and sends it to the

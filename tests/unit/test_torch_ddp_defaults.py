@@ -1,6 +1,6 @@
-"""torch's DDP on a Shoal process group defaults to gradient_as_bucket_view=True (in a
-world of one: the core as a single rank); an explicit choice and other backends' groups are
-left alone."""
+"""torch's DDP on a Shoal process group defaults to gradient_as_bucket_view=True and to the
+core's average as its communication hook (in a world of one: the core as a single rank); an
+explicit choice, a user's hook and other backends' groups take precedence or are left alone."""
 
 import os
 import uuid
@@ -39,10 +39,19 @@ def _backward(wrapped, x):
     return [p.grad for p in wrapped.module.parameters()]
 
 
-def test_ddp_on_shoal_keeps_gradients_in_its_buckets(shoal_world_of_one):
+def test_ddp_on_shoal_keeps_gradients_in_its_buckets(shoal_world_of_one, monkeypatch):
     assert torch_dist.get_backend() == "shoal"
+    reductions = []
+    all_reduce = torch_dist.all_reduce
+
+    def recording_all_reduce(tensor, op=torch_dist.ReduceOp.SUM, **kwargs):
+        reductions.append(op)
+        return all_reduce(tensor, op=op, **kwargs)
+
+    monkeypatch.setattr(torch_dist, "all_reduce", recording_all_reduce)
     plain, wrapped = _model(), DDP(_model())
     assert wrapped.gradient_as_bucket_view
+    assert wrapped._shoal_default_hook[0] is wrapped.reducer
     x = torch.randn(4, 5)
     for _ in range(2):  # the second step runs on the rebuilt buckets
         plain.zero_grad()
@@ -50,8 +59,10 @@ def test_ddp_on_shoal_keeps_gradients_in_its_buckets(shoal_world_of_one):
         grads = _backward(wrapped, x)
         for expected, got in zip((p.grad for p in plain.parameters()), grads):
             assert torch.equal(got, expected)
-    # One bucket here: every gradient is a view of the same flat buffer.
+    # One bucket here: every gradient is a view of the same flat buffer, averaged by the
+    # core through the default hook, once per step.
     assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
+    assert reductions == [torch_dist.ReduceOp.AVG] * 2
 
 
 def test_an_explicit_choice_wins(shoal_world_of_one):
@@ -63,7 +74,40 @@ def test_an_explicit_choice_wins(shoal_world_of_one):
 
 def test_other_backends_keep_torchs_default(shoal_world_of_one):
     gloo = torch_dist.new_group(backend="gloo")
-    assert not DDP(_model(), process_group=gloo).gradient_as_bucket_view
+    wrapped = DDP(_model(), process_group=gloo)
+    assert not wrapped.gradient_as_bucket_view
+    assert not hasattr(wrapped, "_shoal_default_hook")
+
+
+def test_a_users_hook_takes_the_default_hooks_place(shoal_world_of_one):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(state)
+        return default_hooks.allreduce_hook(None, bucket)
+
+    plain, wrapped = _model(), DDP(_model())
+    wrapped.register_comm_hook("mine", counting_hook)
+    x = torch.randn(4, 5)
+    plain(x).square().sum().backward()
+    for expected, got in zip((p.grad for p in plain.parameters()), _backward(wrapped, x)):
+        assert torch.equal(got, expected)
+    assert calls == ["mine"]
+    # As with torch's own reducer, a second hook is refused.
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        wrapped.register_comm_hook(None, counting_hook)
+
+
+def test_a_builtin_hook_takes_the_default_hooks_place(shoal_world_of_one):
+    plain, wrapped = _model(), DDP(_model())
+    wrapped._register_builtin_comm_hook(torch_dist.BuiltinCommHookType.FP16_COMPRESS)
+    assert wrapped._shoal_default_hook[1].replacement is not None
+    x = torch.randn(4, 5)
+    plain(x).square().sum().backward()
+    for expected, got in zip((p.grad for p in plain.parameters()), _backward(wrapped, x)):
+        torch.testing.assert_close(got, expected, rtol=1e-3, atol=1e-3)  # through float16
 
 
 def test_the_default_is_installed_once():

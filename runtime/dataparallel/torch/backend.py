@@ -51,8 +51,8 @@ def is_registered(name: str = BACKEND_NAME) -> bool:
 
 
 def register_backend() -> None:
-    """Register ``shoal`` and its aliases for CPU tensors, and make torch's DDP on them keep
-    gradients in its buckets (see ``ddp_defaults``). Idempotent."""
+    """Register ``shoal`` and its aliases for CPU tensors, and give torch's DDP on them
+    defaults without gradient copies or a division pass (see ``ddp_defaults``). Idempotent."""
     from . import ddp_defaults
 
     ddp_defaults.install()

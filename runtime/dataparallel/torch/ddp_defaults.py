@@ -1,18 +1,29 @@
-"""torch's DistributedDataParallel on a Shoal process group keeps gradients in its buckets.
+"""torch's DistributedDataParallel on a Shoal process group: no gradient copies, no division pass.
 
-By default torch's DDP copies every gradient into its bucket (dividing by the world size on
-the way) before the allreduce, and copies the reduced bucket back into the gradient after
-it: two passes over all gradients per step, on the training thread. With
-``gradient_as_bucket_view=True`` the gradients *are* views of the buckets, so both copies
-go (the division stays, in place); the reduction and its result are the same. On the
-communication-heavy benchmark (``benchmarks/ddp_step.py``) the copies were about a sixth
-of the step. So for a DDP whose process group is on backend ``shoal`` (or ``smddp``),
-``gradient_as_bucket_view`` defaults to True; passing it explicitly, either way, wins.
-Other backends' DDPs are left exactly as torch makes them.
+By default torch's DDP copies every gradient into its bucket, dividing it by the world size
+on the way, before the allreduce, and copies the reduced bucket back into the gradient
+after it; with ``gradient_as_bucket_view=True`` the gradients *are* views of the buckets
+and the division is a pass of its own. All of it runs on the training thread. For a DDP
+whose process group is on backend ``shoal`` (or ``smddp``) two defaults change, with
+plain ``DistributedDataParallel(model)`` code:
+
+- ``gradient_as_bucket_view`` defaults to True (passing it explicitly, either way, wins);
+- the bucket's allreduce asks the core for the average (a communication hook registered
+  at construction), which divides while it reduces, so the reducer's division goes.
+
+On the communication-heavy benchmark (``benchmarks/ddp_step.py``) the copies cost about a
+sixth of the step and the division pass about a twentieth. The gradients are the same up
+to rounding: the sum over ranks divided by the world size instead of the sum of divided
+gradients (bit-equal for 2 ranks). A hook the user registers later (``register_comm_hook``
+or a built-in one) takes the default hook's place, as if there had been none. One case
+keeps the world-size division: torch's ``Join`` with ``divide_by_initial_world_size=False``
+(the core cannot know how many ranks joined). Other backends' DDPs are left as torch makes
+them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -21,35 +32,48 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .backend import ALIASES, BACKEND_NAME
 
-_MARK = "_shoal_bucket_view_default"
+_MARK = "_shoal_defaults"
 
 
 def install() -> None:
-    """Wrap ``DistributedDataParallel.__init__`` once (idempotent)."""
-    original = DistributedDataParallel.__init__
-    if getattr(original, _MARK, False):
+    """Wrap DDP's constructor and hook registration once (idempotent)."""
+    if getattr(DistributedDataParallel.__init__, _MARK, False):
         return
-    signature = inspect.signature(original)
+    _wrap(DistributedDataParallel, "__init__", _init_with_defaults)
+    _wrap(DistributedDataParallel, "register_comm_hook", _register_in_place_of_default)
+    _wrap(DistributedDataParallel, "_register_builtin_comm_hook", _register_in_place_of_default)
+
+
+def _wrap(cls, name: str, wrapper) -> None:
+    original = getattr(cls, name)
 
     @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        if wants_bucket_view_default(signature, self, args, kwargs):
-            kwargs["gradient_as_bucket_view"] = True
-        original(self, *args, **kwargs)
+    def method(self, *args, **kwargs):
+        return wrapper(original, self, *args, **kwargs)
 
-    setattr(__init__, _MARK, True)
-    DistributedDataParallel.__init__ = __init__
+    setattr(method, _MARK, True)
+    setattr(cls, name, method)
 
 
-def wants_bucket_view_default(signature: inspect.Signature, ddp, args, kwargs) -> bool:
-    """True if the caller left ``gradient_as_bucket_view`` unset and the group is Shoal's."""
+def _init_with_defaults(original, ddp, *args, **kwargs):
+    arguments = bound_arguments(original, ddp, args, kwargs)
+    on_shoal = arguments is not None and is_shoal_group(arguments.get("process_group"))
+    on_shoal = on_shoal and arguments.get("device_mesh") is None
+    if on_shoal and "gradient_as_bucket_view" not in arguments:
+        kwargs["gradient_as_bucket_view"] = True
+    original(ddp, *args, **kwargs)
+    if on_shoal and _takes_default_hook(ddp):
+        state = AverageHookState(ddp.process_group)
+        torch_dist._register_comm_hook(ddp.reducer, state, average_hook)
+        ddp._shoal_default_hook = (ddp.reducer, state)
+
+
+def bound_arguments(function, ddp, args, kwargs) -> dict | None:
+    """The arguments the caller gave, by name (None if the call does not fit)."""
     try:
-        arguments = signature.bind(ddp, *args, **kwargs).arguments
+        return inspect.signature(function).bind(ddp, *args, **kwargs).arguments
     except TypeError:
-        return False  # torch's own constructor reports the bad call
-    if "gradient_as_bucket_view" in arguments or arguments.get("device_mesh") is not None:
-        return False
-    return is_shoal_group(arguments.get("process_group"))
+        return None  # torch's own constructor reports the bad call
 
 
 def is_shoal_group(group) -> bool:
@@ -61,3 +85,67 @@ def is_shoal_group(group) -> bool:
     except (RuntimeError, ValueError):
         return False  # not a group torch knows: its DDP says so
     return backend in (BACKEND_NAME, *ALIASES)
+
+
+def _takes_default_hook(ddp) -> bool:
+    """A C++ reducer without a hook yet (mixed precision, for one, brings its own)."""
+    return (
+        getattr(ddp, "reducer", None) is not None
+        and not ddp._comm_hooks
+        and not getattr(ddp, "_use_python_reducer", False)
+    )
+
+
+class AverageHookState:
+    """The default hook's state: its group, and the hook registered in its place, if any."""
+
+    def __init__(self, group):
+        self.group = group
+        self.replacement = None  # (state, hook)
+
+
+def average_hook(state: AverageHookState, bucket):
+    """The bucket's average over the group, reduced and divided by the core in one pass."""
+    if state.replacement is not None:
+        user_state, hook = state.replacement
+        return hook(user_state, bucket)
+    work = torch_dist.all_reduce(
+        bucket.buffer(), op=torch_dist.ReduceOp.AVG, group=state.group, async_op=True
+    )
+    return work.get_future().then(lambda future: future.value()[0])
+
+
+def _register_in_place_of_default(original, ddp, *args, **kwargs):
+    """DDP's reducer takes one hook: a later one replaces the default hook's work."""
+    default = getattr(ddp, "_shoal_default_hook", None)
+    if default is None or default[0] is not ddp.reducer or default[1].replacement is not None:
+        return original(ddp, *args, **kwargs)
+    with _registration_into(default[1]):
+        return original(ddp, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _registration_into(state: AverageHookState):
+    """DDP's registration calls, for the time of one, hand the hook to ``state``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    builtins = {
+        torch_dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+        torch_dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+    }
+
+    def register_hook(reducer, user_state, hook):
+        state.replacement = (user_state, hook)
+
+    def register_builtin(reducer, hook_type):
+        state.replacement = (state.group, builtins[hook_type])
+
+    saved = torch_dist._register_comm_hook, torch_dist._register_builtin_comm_hook
+    torch_dist._register_comm_hook, torch_dist._register_builtin_comm_hook = (
+        register_hook,
+        register_builtin,
+    )
+    try:
+        yield
+    finally:
+        torch_dist._register_comm_hook, torch_dist._register_builtin_comm_hook = saved

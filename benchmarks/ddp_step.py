@@ -2,13 +2,14 @@
 
 The model is communication-heavy on purpose (a wide MLP, ~34M parameters, a batch of 8),
 so the step time is mostly gradient allreduce. Each rank builds four replicas: torch's
-DistributedDataParallel on the default process group (backend ``shoal``, where DDP keeps
-gradients in its buckets by default), the same with torch's gradient copies
-(``gradient_as_bucket_view=False``, torch's own default elsewhere), torch's DDP on a gloo
-group over the same ranks, and Shoal's own DDP wrapper (the module API's, on the core's
-fused allreduce). Steps alternate between them (the order rotates every round, so none
-always runs first) and every round yields one ratio to gloo per Shoal variant; the median
-of those ratios is the figure of merit (target for ``shoal``: at most 0.8).
+DistributedDataParallel on the default process group (backend ``shoal``, with the defaults
+Shoal gives DDP there: gradients as bucket views, the core's average as the hook), the same
+with torch's own defaults (``SHOAL_TORCH_DDP_DEFAULTS=0``: gradient copies, a division pass),
+torch's DDP on a gloo group over the same ranks, and Shoal's own DDP wrapper (the module
+API's, on the core's fused allreduce). Steps alternate between them (the order rotates
+every round, so none always runs first) and every round yields one ratio to gloo per Shoal
+variant; the median of those ratios is the figure of merit (target for ``shoal``: at most
+0.8).
 
     mpirun --allow-run-as-root --oversubscribe -np 2 .venv/bin/python benchmarks/ddp_step.py
 """
@@ -57,6 +58,15 @@ def wide_mlp(width: int) -> torch.nn.Module:
     )
 
 
+def torch_defaults_ddp(model: torch.nn.Module) -> DDP:
+    """torch's DDP on the default group as torch configures it, without Shoal's defaults."""
+    os.environ["SHOAL_TORCH_DDP_DEFAULTS"] = "0"
+    try:
+        return DDP(model)
+    finally:
+        del os.environ["SHOAL_TORCH_DDP_DEFAULTS"]
+
+
 def make_step(model: DDP, width: int, batch: int):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     x, y = torch.randn(batch, width // 2), torch.randn(batch, width // 2)
@@ -81,8 +91,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = {
         "shoal": make_step(DDP(wide_mlp(args.width)), args.width, args.batch),
-        "shoal-copies": make_step(
-            DDP(wide_mlp(args.width), gradient_as_bucket_view=False), args.width, args.batch
+        "shoal-as-torch": make_step(
+            torch_defaults_ddp(wide_mlp(args.width)), args.width, args.batch
         ),
         "gloo": make_step(DDP(wide_mlp(args.width), process_group=gloo), args.width, args.batch),
         "shoal-wrapper": make_step(ShoalDDP(wide_mlp(args.width)), args.width, args.batch),
@@ -104,7 +114,7 @@ def main():
               f"({params * 4 / 2**20:.0f} MiB of fp32 gradients), batch {args.batch}, "
               f"{world} ranks, {args.rounds} rounds")
         for name in steps:
-            print(f"  {name:>13}: median step {statistics.median(times[name]) * 1e3:8.1f} ms")
+            print(f"  {name:>14}: median step {statistics.median(times[name]) * 1e3:8.1f} ms")
         for name in ratios:
             print(f"  median ratio {name}/gloo: {statistics.median(ratios[name]):.3f} "
                   "(target <= 0.8)")

@@ -79,6 +79,14 @@ def test_other_backends_keep_torchs_default(shoal_world_of_one):
     assert not hasattr(wrapped, "_shoal_default_hook")
 
 
+def test_the_defaults_can_be_turned_off(shoal_world_of_one, monkeypatch):
+    monkeypatch.setenv("SHOAL_TORCH_DDP_DEFAULTS", "0")
+    wrapped = DDP(_model())
+    assert not wrapped.gradient_as_bucket_view
+    assert not hasattr(wrapped, "_shoal_default_hook")
+    wrapped.register_comm_hook(None, lambda state, bucket: torch.futures.Future())
+
+
 def test_a_users_hook_takes_the_default_hooks_place(shoal_world_of_one):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -17,8 +17,9 @@ to rounding: the sum over ranks divided by the world size instead of the sum of 
 gradients (bit-equal for 2 ranks). A hook the user registers later (``register_comm_hook``
 or a built-in one) takes the default hook's place, as if there had been none. One case
 keeps the world-size division: torch's ``Join`` with ``divide_by_initial_world_size=False``
-(the core cannot know how many ranks joined). Other backends' DDPs are left as torch makes
-them.
+(the core cannot know how many ranks joined). ``SHOAL_TORCH_DDP_DEFAULTS=0`` (read when a
+DDP is built) keeps torch's own defaults; other backends' DDPs are always left as torch
+makes them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
@@ -56,6 +58,8 @@ def _wrap(cls, name: str, wrapper) -> None:
 
 
 def _init_with_defaults(original, ddp, *args, **kwargs):
+    if os.environ.get("SHOAL_TORCH_DDP_DEFAULTS", "1").strip() == "0":
+        return original(ddp, *args, **kwargs)
     arguments = bound_arguments(original, ddp, args, kwargs)
     on_shoal = arguments is not None and is_shoal_group(arguments.get("process_group"))
     on_shoal = on_shoal and arguments.get("device_mesh") is None

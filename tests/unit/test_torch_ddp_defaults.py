@@ -3,6 +3,7 @@ core's average as its communication hook (in a world of one: the core as a singl
 explicit choice, a user's hook and other backends' groups take precedence or are left alone."""
 
 import os
+import pickle
 import uuid
 
 import pytest
@@ -11,6 +12,7 @@ import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shoal.dataparallel.torch  # noqa: F401 - registers the backend and the DDP default
+from shoal.dataparallel.torch.ddp_defaults import default_hook_state
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def test_ddp_on_shoal_keeps_gradients_in_its_buckets(shoal_world_of_one, monkeyp
     monkeypatch.setattr(torch_dist, "all_reduce", recording_all_reduce)
     plain, wrapped = _model(), DDP(_model())
     assert wrapped.gradient_as_bucket_view
-    assert wrapped._shoal_default_hook[0] is wrapped.reducer
+    assert default_hook_state(wrapped) is not None
     x = torch.randn(4, 5)
     for _ in range(2):  # the second step runs on the rebuilt buckets
         plain.zero_grad()
@@ -63,6 +65,9 @@ def test_ddp_on_shoal_keeps_gradients_in_its_buckets(shoal_world_of_one, monkeyp
     # core through the default hook, once per step.
     assert len({g.untyped_storage().data_ptr() for g in grads}) == 1
     assert reductions == [torch_dist.ReduceOp.AVG] * 2
+    # The DDP still pickles (torch.save of a whole DDP module).
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert isinstance(copy, DDP)
 
 
 def test_an_explicit_choice_wins(shoal_world_of_one):
@@ -76,14 +81,14 @@ def test_other_backends_keep_torchs_default(shoal_world_of_one):
     gloo = torch_dist.new_group(backend="gloo")
     wrapped = DDP(_model(), process_group=gloo)
     assert not wrapped.gradient_as_bucket_view
-    assert not hasattr(wrapped, "_shoal_default_hook")
+    assert default_hook_state(wrapped) is None
 
 
 def test_the_defaults_can_be_turned_off(shoal_world_of_one, monkeypatch):
     monkeypatch.setenv("SHOAL_TORCH_DDP_DEFAULTS", "0")
     wrapped = DDP(_model())
     assert not wrapped.gradient_as_bucket_view
-    assert not hasattr(wrapped, "_shoal_default_hook")
+    assert default_hook_state(wrapped) is None
     wrapped.register_comm_hook(None, lambda state, bucket: torch.futures.Future())
 
 
@@ -111,7 +116,7 @@ def test_a_users_hook_takes_the_default_hooks_place(shoal_world_of_one):
 def test_a_builtin_hook_takes_the_default_hooks_place(shoal_world_of_one):
     plain, wrapped = _model(), DDP(_model())
     wrapped._register_builtin_comm_hook(torch_dist.BuiltinCommHookType.FP16_COMPRESS)
-    assert wrapped._shoal_default_hook[1].replacement is not None
+    assert default_hook_state(wrapped).replacement is not None
     x = torch.randn(4, 5)
     plain(x).square().sum().backward()
     for expected, got in zip((p.grad for p in plain.parameters()), _backward(wrapped, x)):

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import inspect
 import os
+import weakref
 
 import torch.distributed as torch_dist
 from torch.nn.parallel import DistributedDataParallel
@@ -35,6 +36,9 @@ from torch.nn.parallel import DistributedDataParallel
 from .backend import ALIASES, BACKEND_NAME
 
 _MARK = "_shoal_defaults"
+# DDP -> (its reducer, the default hook's state); beside the DDP, not in it, so that a
+# DDP still pickles (its __getstate__ drops the reducer and the group, not our entry).
+_default_hooks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def install() -> None:
@@ -69,7 +73,13 @@ def _init_with_defaults(original, ddp, *args, **kwargs):
     if on_shoal and _takes_default_hook(ddp):
         state = AverageHookState(ddp.process_group)
         torch_dist._register_comm_hook(ddp.reducer, state, average_hook)
-        ddp._shoal_default_hook = (ddp.reducer, state)
+        _default_hooks[ddp] = (ddp.reducer, state)
+
+
+def default_hook_state(ddp) -> AverageHookState | None:
+    """The state of the default hook in ``ddp``'s current reducer, if it has one."""
+    reducer, state = _default_hooks.get(ddp, (None, None))
+    return state if reducer is not None and reducer is getattr(ddp, "reducer", None) else None
 
 
 def bound_arguments(function, ddp, args, kwargs) -> dict | None:
@@ -121,10 +131,10 @@ def average_hook(state: AverageHookState, bucket):
 
 def _register_in_place_of_default(original, ddp, *args, **kwargs):
     """DDP's reducer takes one hook: a later one replaces the default hook's work."""
-    default = getattr(ddp, "_shoal_default_hook", None)
-    if default is None or default[0] is not ddp.reducer or default[1].replacement is not None:
+    state = default_hook_state(ddp)
+    if state is None or state.replacement is not None:
         return original(ddp, *args, **kwargs)
-    with _registration_into(default[1]):
+    with _registration_into(state):
         return original(ddp, *args, **kwargs)
 
 

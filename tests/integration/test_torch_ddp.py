@@ -229,8 +229,31 @@ def main_torch_ddp():
     wrapped.register_comm_hook(None, default_hooks.allreduce_hook)
     hooked = train(wrapped, model, rank)
     torch.testing.assert_close(hooked, results["gloo"], rtol=1e-5, atol=1e-6)
+    check_uneven_inputs_under_join(rank, gloo)
     dist.destroy_process_group()
     print(f"rank {rank}: torch ddp ok", flush=True)
+
+
+def check_uneven_inputs_under_join(rank, gloo):
+    """torch's Join (ranks with fewer batches shadow the others' allreduces through the
+    communication hook) ends where it ends on gloo."""
+    import torch
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    results = {}
+    for name, group in (("shoal", None), ("gloo", gloo)):
+        model = perturbed_model(rank)
+        wrapped = DDP(model, process_group=group)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+        generator = torch.Generator().manual_seed(rank)
+        with Join([wrapped]):
+            for _ in range(3 + 2 * rank):
+                optimizer.zero_grad()
+                wrapped(torch.randn(8, 32, generator=generator)).square().mean().backward()
+                optimizer.step()
+        results[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(results["shoal"], results["gloo"], rtol=1e-5, atol=1e-6)
 
 
 def make_model_flat():

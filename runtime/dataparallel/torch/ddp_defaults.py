@@ -12,7 +12,7 @@ plain ``DistributedDataParallel(model)`` code:
   at construction), which divides while it reduces, so the reducer's division goes.
 
 On the communication-heavy benchmark (``benchmarks/ddp_step.py``) the copies cost about a
-sixth of the step and the division pass about a twentieth. The gradients are the same up
+sixth of the step and the division pass about a fifteenth. The gradients are the same up
 to rounding: the sum over ranks divided by the world size instead of the sum of divided
 gradients (bit-equal for 2 ranks). A hook the user registers later (``register_comm_hook``
 or a built-in one) takes the default hook's place, as if there had been none. One case

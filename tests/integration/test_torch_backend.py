@@ -260,6 +260,18 @@ def check_gather_scatter(dist, rank, world):
             assert torch.equal(base.t(), values(rank, tag, (2, 5), dtype)), (dtype, root)
 
 
+def check_gather_coalesced(dist, rank, world):
+    """all_gather_coalesced: lists[r][i] receives rank r's i-th tensor."""
+    import torch
+
+    mine = [torch.full((2,), float(rank)), torch.arange(3.0) * (rank + 1)]  # one dtype: torch's rule
+    lists = [[torch.empty(2), torch.empty(3)] for _ in range(world)]
+    dist.all_gather_coalesced(lists, mine)
+    for r, (first, second) in enumerate(lists):
+        assert torch.equal(first, torch.full((2,), float(r))), (r, first)
+        assert torch.equal(second, torch.arange(3.0) * (r + 1)), (r, second)
+
+
 def check_reduce_scatter(dist, rank, world):
     import torch
 
@@ -365,6 +377,7 @@ def main_more_collectives():
     gloo = dist.new_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     check_gather_scatter(dist, rank, world)
+    check_gather_coalesced(dist, rank, world)
     check_reduce_scatter(dist, rank, world)
     check_alltoall(dist, rank, world, gloo)
     check_unsupported(dist, rank, world)

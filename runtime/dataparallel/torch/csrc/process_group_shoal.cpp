@@ -270,25 +270,31 @@ class ProcessGroupShoal : public c10d::Backend {
     return gather_into(inputs[0], outputs[0], OpType::ALLGATHER);
   }
 
+  // outputs[r][i]: rank r's inputs[i], as gloo has it. Checked before any is issued.
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& /*opts*/) override {
     check_group("allgather_coalesced");
-    TORCH_CHECK(outputs.size() == inputs.size(),
-                "shoal backend: allgather_coalesced needs one output list per input");
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size_,
+                "shoal backend: allgather_coalesced needs world_size output lists");
+    std::vector<std::vector<at::Tensor>> targets(inputs.size());
+    for (const auto& list : outputs) {
+      TORCH_CHECK(list.size() == inputs.size(),
+                  "shoal backend: allgather_coalesced needs one output per input in each list");
+      for (size_t i = 0; i < inputs.size(); ++i) targets[i].push_back(list[i]);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_like(targets[i], inputs[i], "allgather_coalesced");
+    }
     Pending pending{{}, nullptr, nullptr};
     std::vector<std::function<void()>> copies;
-    std::vector<at::Tensor> targets;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      check_cpu(inputs[i]);
-      TORCH_CHECK(static_cast<int>(outputs[i].size()) == size_,
-                  "shoal backend: allgather_coalesced needs world_size outputs per input");
-      check_like(outputs[i], inputs[i], "allgather_coalesced");
-      copies.push_back(start_gather(inputs[i], outputs[i], pending.handles));
-      targets.insert(targets.end(), outputs[i].begin(), outputs[i].end());
+      copies.push_back(start_gather(inputs[i], targets[i], pending.handles));
     }
+    std::vector<at::Tensor> results;
+    for (const auto& list : outputs) results.insert(results.end(), list.begin(), list.end());
     pending.finish = run_all(std::move(copies));
-    pending.work = c10::make_intrusive<ShoalWork>(rank_, OpType::ALLGATHER_COALESCED, targets);
+    pending.work = c10::make_intrusive<ShoalWork>(rank_, OpType::ALLGATHER_COALESCED, results);
     return submit(std::move(pending));
   }
 
@@ -305,15 +311,17 @@ class ProcessGroupShoal : public c10d::Backend {
     check_group("allgather_into_tensor_coalesced");
     TORCH_CHECK(outputs.size() == inputs.size(),
                 "shoal backend: allgather_into_tensor needs one output per input");
-    Pending pending{{}, nullptr, nullptr};
-    std::vector<std::function<void()>> copies;
-    for (size_t i = 0; i < inputs.size(); ++i) {
+    for (size_t i = 0; i < inputs.size(); ++i) {  // all checked before any is issued
       check_cpu(outputs[i]);
       check_cpu(inputs[i]);
       TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel() &&
                       outputs[i].scalar_type() == inputs[i].scalar_type(),
                   "shoal backend: allgather_into_tensor: the output must hold world_size times "
                   "the input, same dtype");
+    }
+    Pending pending{{}, nullptr, nullptr};
+    std::vector<std::function<void()>> copies;
+    for (size_t i = 0; i < inputs.size(); ++i) {
       at::Tensor send = inputs[i].contiguous();
       at::Tensor flat = outputs[i].contiguous();
       pending.handles.push_back(

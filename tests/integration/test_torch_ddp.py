@@ -236,24 +236,26 @@ def main_torch_ddp():
 
 def check_uneven_inputs_under_join(rank, gloo):
     """torch's Join (ranks with fewer batches shadow the others' allreduces through the
-    communication hook) ends where it ends on gloo."""
+    communication hook) ends where it ends on gloo, dividing by the initial world size or
+    by the ranks still training."""
     import torch
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    results = {}
-    for name, group in (("shoal", None), ("gloo", gloo)):
-        model = perturbed_model(rank)
-        wrapped = DDP(model, process_group=group)
-        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
-        generator = torch.Generator().manual_seed(rank)
-        with Join([wrapped]):
-            for _ in range(3 + 2 * rank):
-                optimizer.zero_grad()
-                wrapped(torch.randn(8, 32, generator=generator)).square().mean().backward()
-                optimizer.step()
-        results[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    torch.testing.assert_close(results["shoal"], results["gloo"], rtol=1e-5, atol=1e-6)
+    for by_world_size in (True, False):
+        results = {}
+        for name, group in (("shoal", None), ("gloo", gloo)):
+            model = perturbed_model(rank)
+            wrapped = DDP(model, process_group=group)
+            optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+            generator = torch.Generator().manual_seed(rank)
+            with Join([wrapped], divide_by_initial_world_size=by_world_size):
+                for _ in range(3 + 2 * rank):
+                    optimizer.zero_grad()
+                    wrapped(torch.randn(8, 32, generator=generator)).square().mean().backward()
+                    optimizer.step()
+            results[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        torch.testing.assert_close(results["shoal"], results["gloo"], rtol=1e-5, atol=1e-6)
 
 
 def make_model_flat():

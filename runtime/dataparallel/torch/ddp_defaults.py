@@ -15,11 +15,10 @@ On the communication-heavy benchmark (``benchmarks/ddp_step.py``) the copies cos
 sixth of the step and the division pass about a fifteenth. The gradients are the same up
 to rounding: the sum over ranks divided by the world size instead of the sum of divided
 gradients (bit-equal for 2 ranks). A hook the user registers later (``register_comm_hook``
-or a built-in one) takes the default hook's place, as if there had been none. One case
-keeps the world-size division: torch's ``Join`` with ``divide_by_initial_world_size=False``
-(the core cannot know how many ranks joined). ``SHOAL_TORCH_DDP_DEFAULTS=0`` (read when a
-DDP is built) keeps torch's own defaults; other backends' DDPs are always left as torch
-makes them.
+or a built-in one) takes the default hook's place, as if there had been none. Under torch's
+``Join`` with ``divide_by_initial_world_size=False`` the hook divides by the ranks still
+training, as torch's reducer would. ``SHOAL_TORCH_DDP_DEFAULTS=0`` (read when a DDP is
+built) keeps torch's own defaults; other backends' DDPs are always left as torch makes them.
 """
 
 from __future__ import annotations
@@ -71,7 +70,7 @@ def _init_with_defaults(original, ddp, *args, **kwargs):
         kwargs["gradient_as_bucket_view"] = True
     original(ddp, *args, **kwargs)
     if on_shoal and _takes_default_hook(ddp):
-        state = AverageHookState(ddp.process_group)
+        state = AverageHookState(ddp.process_group, ddp)
         torch_dist._register_comm_hook(ddp.reducer, state, average_hook)
         _default_hooks[ddp] = (ddp.reducer, state)
 
@@ -111,11 +110,21 @@ def _takes_default_hook(ddp) -> bool:
 
 
 class AverageHookState:
-    """The default hook's state: its group, and the hook registered in its place, if any."""
+    """The default hook's state: its group and DDP, and the hook registered in its place."""
 
-    def __init__(self, group):
+    def __init__(self, group, ddp):
         self.group = group
+        self.ddp = weakref.ref(ddp)  # the DDP holds the reducer, which holds this state
         self.replacement = None  # (state, hook)
+
+    def divides_by_ranks_training(self) -> bool:
+        """Under torch's Join with divide_by_initial_world_size=False."""
+        ddp = self.ddp()
+        return (
+            ddp is not None
+            and ddp._join_config.enable
+            and not getattr(ddp, "_divide_by_initial_world_size", True)
+        )
 
 
 def average_hook(state: AverageHookState, bucket):
@@ -123,10 +132,24 @@ def average_hook(state: AverageHookState, bucket):
     if state.replacement is not None:
         user_state, hook = state.replacement
         return hook(user_state, bucket)
+    if state.divides_by_ranks_training():
+        return _average_over_ranks_training(state.group, bucket.buffer())
     work = torch_dist.all_reduce(
         bucket.buffer(), op=torch_dist.ReduceOp.AVG, group=state.group, async_op=True
     )
     return work.get_future().then(lambda future: future.value()[0])
+
+
+def _average_over_ranks_training(group, tensor):
+    """The sum divided by the ranks that have not joined. A joined rank runs the hook
+    outside backward (to shadow the others' allreduces), the others inside it."""
+    import torch
+
+    training = torch.tensor([float(torch._C._current_graph_task_id() != -1)])
+    torch_dist.all_reduce(training, group=group)
+    count = max(training.item(), 1.0)
+    work = torch_dist.all_reduce(tensor, group=group, async_op=True)
+    return work.get_future().then(lambda future: future.value()[0].div_(count))
 
 
 def _register_in_place_of_default(original, ddp, *args, **kwargs):

@@ -249,7 +249,9 @@ def check_gather_scatter(dist, rank, world):
     for tag, dtype in enumerate(("float32", "int64", "bfloat16", "uint8")):
         for root in range(world):
             mine = values(rank, tag, (4, 3), dtype).t()  # non-contiguous input
-            outputs = [torch.empty(3, 4, dtype=mine.dtype) for _ in range(world)] if rank == root else None
+            outputs = None
+            if rank == root:
+                outputs = [torch.empty(3, 4, dtype=mine.dtype) for _ in range(world)]
             dist.gather(mine, outputs, dst=root)
             if rank == root:
                 for r, got in enumerate(outputs):
@@ -264,7 +266,7 @@ def check_gather_coalesced(dist, rank, world):
     """all_gather_coalesced: lists[r][i] receives rank r's i-th tensor."""
     import torch
 
-    mine = [torch.full((2,), float(rank)), torch.arange(3.0) * (rank + 1)]  # one dtype: torch's rule
+    mine = [torch.full((2,), float(rank)), torch.arange(3.0) * (rank + 1)]  # torch: one dtype
     lists = [[torch.empty(2), torch.empty(3)] for _ in range(world)]
     dist.all_gather_coalesced(lists, mine)
     for r, (first, second) in enumerate(lists):
@@ -310,7 +312,8 @@ def rows(source, target, count, width=3):
     """Rows ``source`` sends to ``target`` in the all-to-all tests, naming both."""
     import torch
 
-    return torch.arange(count * width, dtype=torch.float32).reshape(count, width) + 100 * source + 10 * target
+    base = torch.arange(count * width, dtype=torch.float32).reshape(count, width)
+    return base + 100 * source + 10 * target
 
 
 def check_alltoall(dist, rank, world, gloo):
@@ -320,8 +323,8 @@ def check_alltoall(dist, rank, world, gloo):
     mine = torch.arange(world * 2 * 3, dtype=torch.float64).reshape(world * 2, 3) + 1000 * rank
     out = torch.empty_like(mine)
     dist.all_to_all_single(out, mine)
-    want = np.concatenate([(np.arange(world * 6).reshape(world * 2, 3) + 1000 * s)[rank * 2:rank * 2 + 2]
-                           for s in range(world)])
+    sent = [np.arange(world * 6).reshape(world * 2, 3) + 1000 * s for s in range(world)]
+    want = np.concatenate([rows_of[rank * 2:rank * 2 + 2] for rows_of in sent])
     assert np.array_equal(out.numpy(), want)
     reference = torch.empty_like(mine)
     dist.all_to_all_single(reference, mine, group=gloo)
@@ -339,7 +342,8 @@ def check_alltoall(dist, rank, world, gloo):
     # list form, asynchronously, with a non-contiguous output
     outputs = [torch.empty(s + rank + 1, 3) for s in range(world)]
     outputs[-1] = torch.empty(3, world + rank).t()
-    work = dist.all_to_all(outputs, [rows(rank, d, rank + d + 1) for d in range(world)], async_op=True)
+    inputs = [rows(rank, d, rank + d + 1) for d in range(world)]
+    work = dist.all_to_all(outputs, inputs, async_op=True)
     work.wait()
     for s, got in enumerate(outputs):
         assert torch.equal(got, rows(s, rank, s + rank + 1)), s
@@ -349,7 +353,8 @@ def check_alltoall(dist, rank, world, gloo):
     try:
         dist.all_to_all_single(out, torch.zeros(world * 2, 3), wrong)
     except RuntimeError as error:
-        assert rank == 0 and "rank 0 sent 24 bytes to rank 0, which expected 12" in str(error), error
+        assert rank == 0, error
+        assert "rank 0 sent 24 bytes to rank 0, which expected 12" in str(error), error
     else:
         assert rank != 0, "a mismatched all_to_all_single succeeded"
     tensor = torch.ones(2)

@@ -7,20 +7,20 @@ import pickle
 import uuid
 
 import pytest
+import shoal.dataparallel.torch  # noqa: F401 - registers the backend and the DDP default
 import torch
 import torch.distributed as torch_dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-import shoal.dataparallel.torch  # noqa: F401 - registers the backend and the DDP default
 from shoal.dataparallel.torch.ddp_defaults import default_hook_state
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 @pytest.fixture
 def shoal_world_of_one(monkeypatch):
     from shoal.dataparallel import core
 
-    for key in list(os.environ):
-        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+    for key in list(os.environ):  # one process, no launcher: a world of one
+        if key.startswith(("OMPI_", "PMI", "SHOAL_")) or key in ("RANK", "WORLD_SIZE",
+                                                                  "MASTER_PORT"):
             monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("SHOAL_JOB_ID", uuid.uuid4().hex[:12])
     core.shutdown()

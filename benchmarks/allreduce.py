@@ -43,9 +43,14 @@ def human(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def iterations(nbytes: int) -> int:
-    # Enough repetitions that a measurement lasts tens of milliseconds.
-    return int(min(200, max(3, (32 << 20) // max(nbytes, 1))))
+MEASURE_SECONDS = 0.02  # how long one library's measurement in a round lasts
+
+
+def iterations(fn, comm) -> int:
+    """Calls per measurement so that it lasts about MEASURE_SECONDS (steady state, not
+    the first calls after another library ran), the same on every rank."""
+    per_call = timed(fn, comm, 3)
+    return int(min(5000, max(3, MEASURE_SECONDS / per_call)))
 
 
 class Libraries:
@@ -122,17 +127,19 @@ def measure(libs: Libraries, nbytes: int, rounds: int) -> dict:
     names = list(runners)
     buf = np.zeros(count, dtype=np.float32)  # zeros: repeated sums stay finite
     src = np.ones(count, dtype=np.float32)
-    iters = iterations(nbytes)
     for name in names:
         check(runners[name], comm, count)
         runners[name](buf)  # warm-up: page faults, connections
+    iters = {name: iterations(lambda n=name: runners[n](buf), comm) for name in names}
+    copy_iters = iterations(lambda: np.copyto(buf, src), comm)
+    buf[:] = 0
     times = {name: [] for name in names}
     memcpy = []
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            times[name].append(timed(lambda n=name: runners[n](buf), comm, iters))
-        memcpy.append(timed(lambda: np.copyto(buf, src), comm, iters))
+            times[name].append(timed(lambda n=name: runners[n](buf), comm, iters[name]))
+        memcpy.append(timed(lambda: np.copyto(buf, src), comm, copy_iters))
         buf[:] = 0
     factor = 2 * (size - 1) / size
     result = {"bytes": nbytes, "memcpy": statistics.median(memcpy)}

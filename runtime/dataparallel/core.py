@@ -34,6 +34,8 @@ except ImportError as exc:  # pragma: no cover - only without a build
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5}
 OPS = {"sum": 0, "average": 1, "avg": 1, "mean": 1, "min": 2, "max": 3, "product": 4, "prod": 4}
 _BYTES = 6  # shoal::DType::UInt8, for raw payloads
+# By dtype object: `dtype.name` builds a string on every call, a microsecond per collective.
+_NATIVE = {np.dtype(name): code for name, code in DTYPES.items() if name != "bfloat16"}
 
 
 @attrs.frozen
@@ -107,6 +109,10 @@ def shutdown() -> None:
 
 
 def _dtype_code(array: np.ndarray, dtype: str | None) -> int:
+    if dtype is None and array.dtype in _NATIVE:
+        return _NATIVE[array.dtype]
+    if not array.dtype.isnative:
+        raise ValidationError(f"the array must be in native byte order (got {array.dtype.str})")
     name = dtype or array.dtype.name
     if name == "bfloat16" and array.dtype.name not in ("bfloat16", "uint16", "int16"):
         raise ValidationError(f"'dtype' bfloat16 needs a uint16 array of bits (got {array.dtype})")

@@ -93,6 +93,10 @@ def test_bad_arguments_say_what_was_wrong(single):
         core.allreduce(np.ones(2, np.float32), dtype="bfloat16")
     with pytest.raises(ValidationError, match="numpy array"):
         core.allreduce([1.0, 2.0])
+    with pytest.raises(ValidationError, match=r"native byte order \(got >f4\)"):
+        core.allreduce(np.ones(2, ">f4"))
+    # An explicit dtype that names the array's own still takes the checked path.
+    assert (core.allreduce(np.ones(2, np.float64), dtype="float64") == 1).all()
 
 
 def test_bfloat16_bits_in_uint16(single):

@@ -114,8 +114,8 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
           char* own = at(reduce) + mine.lo * es;
           for (int j = 0; j < L; ++j)
             srcs[j] = j == me ? own : seg_->slot(set(reduce), j) + mine.lo * es;
-          reduce_into(dtype, op, own, srcs.data(), L, mine.size(), divisor);
-          std::memcpy(seg_->slot(set(reduce), me) + mine.lo * es, own, mine.size() * es);
+          reduce_into(dtype, op, own, srcs.data(), L, mine.size(), divisor,
+                      seg_->slot(set(reduce), me) + mine.lo * es);
         }
         for (; reduce < until; ++reduce) {
           const Range mine = part(len(reduce), L, me, es);

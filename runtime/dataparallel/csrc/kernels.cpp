@@ -22,13 +22,13 @@ namespace avx2 {
 #endif
 
 void reduce_into(DType dtype, ReduceOp op, void* out, const void* const* srcs, int nsrc,
-                 std::size_t count, int divisor) {
+                 std::size_t count, int divisor, void* copy) {
   if (count == 0) return;
 #if defined(__x86_64__)
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  if (has_avx2) return avx2::reduce_dispatch(dtype, op, out, srcs, nsrc, count, divisor);
+  if (has_avx2) return avx2::reduce_dispatch(dtype, op, out, srcs, nsrc, count, divisor, copy);
 #endif
-  base::reduce_dispatch(dtype, op, out, srcs, nsrc, count, divisor);
+  base::reduce_dispatch(dtype, op, out, srcs, nsrc, count, divisor, copy);
 }
 
 }  // namespace shoal

@@ -84,11 +84,34 @@ static inline A wrap_mul(A a, A b) {
   }
 }
 
+// out[i] (and copy[i] when COPY) = a[i] (op) b[i], in one pass.
+template <class T, int OP, bool COPY>
+static void pair(T* out, const T* a, const T* b, std::size_t n, T* copy) {
+  for (std::size_t i = 0; i < n; ++i) {
+    T v;
+    if constexpr (OP == 0) v = wrap_add(a[i], b[i]);
+    if constexpr (OP == 2) v = b[i] < a[i] ? b[i] : a[i];
+    if constexpr (OP == 3) v = b[i] > a[i] ? b[i] : a[i];
+    if constexpr (OP == 4) v = wrap_mul(a[i], b[i]);
+    out[i] = v;
+    if constexpr (COPY) copy[i] = v;
+  }
+}
+
 // One pass per source over a block kept in cache; each pass is a simple loop
 // the compiler vectorises. The op is a template parameter so the loops are branch-free.
 template <class T, class A, class K, int OP>
-static void reduce_block(T* out, const T* const* srcs, int nsrc, std::size_t n, int divisor) {
+static void reduce_block(T* out, const T* const* srcs, int nsrc, std::size_t n, int divisor,
+                         T* copy) {
   using C = Codec<T, A, K>;
+  // Two sources of a plain type (the common case: two local ranks, or two
+  // hosts): one pass, no accumulator block.
+  if constexpr (std::is_same_v<K, Same>) {
+    if (nsrc == 2 && divisor <= 1) {
+      if (copy != nullptr) return pair<T, OP, true>(out, srcs[0], srcs[1], n, copy);
+      return pair<T, OP, false>(out, srcs[0], srcs[1], n, nullptr);
+    }
+  }
   constexpr std::size_t B = 2048;
   A acc[B];
   for (std::size_t base = 0; base < n; base += B) {
@@ -112,43 +135,45 @@ static void reduce_block(T* out, const T* const* srcs, int nsrc, std::size_t n, 
     } else {
       for (std::size_t i = 0; i < m; ++i) o[i] = C::store(acc[i]);
     }
+    if (copy != nullptr) std::memcpy(copy + base, o, m * sizeof(T));  // o is in L1
   }
 }
 
 template <class T, class A, class K>
 static void reduce_typed(ReduceOp op, void* out, const void* const* srcs, int nsrc,
-                         std::size_t n, int divisor) {
+                         std::size_t n, int divisor, void* copy_to) {
   T* o = static_cast<T*>(out);
+  T* copy = static_cast<T*>(copy_to);
   const T* const* s = reinterpret_cast<const T* const*>(srcs);
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Average:
-      return reduce_block<T, A, K, 0>(o, s, nsrc, n, divisor);
+      return reduce_block<T, A, K, 0>(o, s, nsrc, n, divisor, copy);
     case ReduceOp::Min:
-      return reduce_block<T, A, K, 2>(o, s, nsrc, n, divisor);
+      return reduce_block<T, A, K, 2>(o, s, nsrc, n, divisor, copy);
     case ReduceOp::Max:
-      return reduce_block<T, A, K, 3>(o, s, nsrc, n, divisor);
+      return reduce_block<T, A, K, 3>(o, s, nsrc, n, divisor, copy);
     case ReduceOp::Product:
-      return reduce_block<T, A, K, 4>(o, s, nsrc, n, divisor);
+      return reduce_block<T, A, K, 4>(o, s, nsrc, n, divisor, copy);
   }
 }
 
 static void reduce_dispatch(DType dtype, ReduceOp op, void* out, const void* const* srcs,
-                            int nsrc, std::size_t n, int divisor) {
+                            int nsrc, std::size_t n, int divisor, void* copy) {
   switch (dtype) {
     case DType::Float32:
-      return reduce_typed<float, float, Same>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<float, float, Same>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::Float64:
-      return reduce_typed<double, double, Same>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<double, double, Same>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::Float16:
-      return reduce_typed<uint16_t, float, Half>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<uint16_t, float, Half>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::BFloat16:
-      return reduce_typed<uint16_t, float, BF16>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<uint16_t, float, BF16>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::Int32:
-      return reduce_typed<int32_t, int32_t, Same>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<int32_t, int32_t, Same>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::Int64:
-      return reduce_typed<int64_t, int64_t, Same>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<int64_t, int64_t, Same>(op, out, srcs, nsrc, n, divisor, copy);
     case DType::UInt8:
-      return reduce_typed<uint8_t, uint8_t, Same>(op, out, srcs, nsrc, n, divisor);
+      return reduce_typed<uint8_t, uint8_t, Same>(op, out, srcs, nsrc, n, divisor, copy);
   }
 }

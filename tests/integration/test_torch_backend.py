@@ -4,6 +4,7 @@ numpy for every dtype and op the backend supports.
 This file is also the rank program: ``python test_torch_backend.py <mode>`` runs one rank.
 """
 
+import atexit
 import os
 import subprocess
 import sys
@@ -63,6 +64,8 @@ def test_module_api_bootstraps_under_plain_mpirun():
     env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"}
     out = mpirun(3, HERE, "module-api", env=env)
     assert out.count("module api ok") == 3
+    # The script never destroys its groups: the module API does, before the interpreter ends.
+    assert out.count("torn down at exit") == 3, out
 
 
 def test_a_dead_rank_fails_the_others_with_shoal_errors():
@@ -432,7 +435,13 @@ def main_subgroups():
 def main_module_api():
     import smdistributed.dataparallel.torch.distributed as sdist
     import torch
+    import torch.distributed as torch_dist
 
+    def report_teardown():  # runs after the module API's own exit handler (LIFO)
+        state = "still initialized" if torch_dist.is_initialized() else "torn down"
+        print(f"rank {os.environ['OMPI_COMM_WORLD_RANK']}: {state} at exit", flush=True)
+
+    atexit.register(report_teardown)
     assert sdist.is_available()
     sdist.init_process_group()
     sdist.init_process_group()  # idempotent
@@ -457,6 +466,9 @@ def main_module_api():
     work.wait()
     assert tensor.item() == (float(world) if rank == 0 else 1.0)
     sdist.barrier()
+    # A gloo group left alive at exit, as scripts written for the closed library do.
+    gloo = torch_dist.new_group(backend="gloo")
+    torch_dist.all_reduce(torch.ones(1), group=gloo)
     print(f"rank {rank}: module api ok", flush=True)
 
 

@@ -10,6 +10,7 @@ communicator. Like the closed library, only the world group exists.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import functools
@@ -89,6 +90,15 @@ def init_process_group(*args, backend: str = BACKEND_NAME, timeout=None, **kwarg
     )
     group.WORLD = torch_dist.group.WORLD
     _local.clear()
+    # Scripts written for the closed library never tear the group down. torch's gloo groups
+    # (which such scripts may add) abort the process if the interpreter finalizes first
+    # ("terminate called without an active exception"): tear down while it is still alive.
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    if torch_dist.is_initialized():
+        destroy_process_group()
 
 
 def is_initialized() -> bool:

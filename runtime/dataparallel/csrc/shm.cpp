@@ -157,10 +157,17 @@ char* HostSegment::slot(int set, int local_rank) const {
   return data_ + ((std::size_t)set * peers_.size() + (std::size_t)local_rank) * slot_bytes_;
 }
 
+// Spinning ranks watch the counters themselves; the futex word only moves when
+// someone sleeps on it, so a publish costs one store, not a contended RMW.
+// (Sequentially consistent order: a sleeper registers in `waiters` before it
+// re-reads the counters, a publisher stores its counter before it reads
+// `waiters`; one of the two sees the other.)
 void HostSegment::publish(Counter which, uint64_t value) {
   ctl_->ranks[local_rank_].counter[(int)which].store(value);
-  ctl_->futex_word.fetch_add(1);
-  if (ctl_->waiters.load() > 0) futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
+  if (ctl_->waiters.load() > 0) {
+    ctl_->futex_word.fetch_add(1);
+    futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
+  }
 }
 
 uint64_t HostSegment::get(Counter which, int local_rank) const {
@@ -178,7 +185,12 @@ uint64_t HostSegment::address(int local_rank) const { return ctl_->ranks[local_r
 void HostSegment::set_can_read(bool ok) { ctl_->ranks[local_rank_].can_read.store(ok ? 1 : 0); }
 bool HostSegment::can_read(int local_rank) const { return ctl_->ranks[local_rank].can_read.load() == 1; }
 
-uint32_t HostSegment::version() const { return ctl_->futex_word.load(); }
+uint32_t HostSegment::version() const {
+  uint64_t v = ctl_->futex_word.load();  // moved by abort() too
+  for (std::size_t i = 0; i < peers_.size(); ++i)
+    for (const auto& c : ctl_->ranks[i].counter) v += c.load();
+  return (uint32_t)v;
+}
 
 bool HostSegment::failure(Failure& out) const {
   const int origin = ctl_->abort_rank.load(std::memory_order_acquire);
@@ -231,19 +243,20 @@ void HostSegment::check_liveness(const std::vector<int>& lagging, const std::str
 void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
                               const std::string& op, std::chrono::steady_clock::time_point since) {
   for (int i = 0; i < spin_; ++i) {
-    if (ctl_->futex_word.load(std::memory_order_acquire) != seen) return;
+    if (version() != seen) return;
     cpu_relax();
   }
   check_abort();
   // A few yields before sleeping: on a shared core the peer may be runnable.
   for (int i = 0; i < 4; ++i) {
     std::this_thread::yield();
-    if (ctl_->futex_word.load() != seen) return;
+    if (version() != seen) return;
   }
   ctl_->waiters.fetch_add(1);
-  if (ctl_->futex_word.load() == seen) {
+  const uint32_t word = ctl_->futex_word.load();
+  if (version() == seen) {
     timespec ts{0, 20 * 1000 * 1000};
-    futex(&ctl_->futex_word, FUTEX_WAIT, seen, &ts);
+    futex(&ctl_->futex_word, FUTEX_WAIT, word, &ts);
   }
   ctl_->waiters.fetch_sub(1);
   check_abort();

@@ -113,7 +113,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
       std::exception_ptr error = execute_guarded(item);
       lk.lock();
       busy_ = false;
-      cv_.notify_all();
+      // Only the worker waits for busy_ to drop, and only with work queued:
+      // waking it for nothing costs two context switches per collective.
+      if (!queue_.empty() || stopping_) cv_.notify_all();
       if (error) std::rethrow_exception(error);
       return;
     }

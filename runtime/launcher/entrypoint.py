@@ -72,6 +72,8 @@ class Launch:
     def __init__(self, job: TrainingEnvironment, environ: Mapping[str, str]) -> None:
         self.job, self.environ = job, dict(environ)
         self.simulated = bool(environ.get(SIMULATED_ROOT_ENV))
+        table = environ.get(runners.TF_ADDRESSES_ENV) if self.simulated else None
+        self.tf_addresses = json.loads(table) if table else None
         self.dist = runners.Distribution.from_params(job.additional_framework_parameters)
         # Sorted: the master (mpirun's host) is the first, and ranks fill hosts in this order.
         self.hosts = sorted(job.distribution_hosts or job.hosts)
@@ -103,7 +105,8 @@ class Launch:
         env["MASTER_ADDR"] = self.master_addr
         env["MASTER_PORT"] = self.environ.get("SHOAL_MASTER_PORT", runners.TORCH_MASTER_PORT)
         if self.dist.multi_worker_mirrored:
-            config = runners.multi_worker_mirrored_tf_config(self.hosts, self.job.current_host)
+            config = runners.multi_worker_mirrored_tf_config(
+                self.hosts, self.job.current_host, self.tf_addresses)
             env["TF_CONFIG"] = json.dumps(config)
         added = sorted(set(env) - set(self.environ))
         log.info("exporting %d variables: %s", len(added), ", ".join(added))
@@ -259,10 +262,12 @@ _PS_SERVER = (
 def run_parameter_server(launch: Launch) -> int:
     env = launch.env()
     host = launch.job.current_host
+    table = launch.tf_addresses
     ps_env = {**env, "TF_CONFIG": json.dumps(runners.parameter_server_tf_config(
-        launch.hosts, host, ps_task=True)), "CUDA_VISIBLE_DEVICES": "-1"}  # fmt: skip
+        launch.hosts, host, ps_task=True, table=table)), "CUDA_VISIBLE_DEVICES": "-1"}  # fmt: skip
     ps = subprocess.Popen([sys.executable, "-c", _PS_SERVER], env=ps_env)
-    env["TF_CONFIG"] = json.dumps(runners.parameter_server_tf_config(launch.hosts, host))
+    env["TF_CONFIG"] = json.dumps(runners.parameter_server_tf_config(launch.hosts, host,
+                                                                     table=table))
     try:
         outcome = launch.supervise(launch.user_command([sys.executable]), env, keep=[ps.pid])
     finally:

@@ -150,22 +150,41 @@ def torchrun_argv(
     return [*argv, entry_point, *args]
 
 
-def _addresses(hosts: Sequence[str], port: int) -> list[str]:
+# Simulated hosts share one machine: each TensorFlow task gets its own loopback address
+# there, from this table (JSON {host: {"task": "ip:port", "ps": "ip:port"}}, written per job).
+TF_ADDRESSES_ENV = "SHOAL_TF_ADDRESSES"
+
+TfAddresses = Mapping[str, Mapping[str, str]]
+
+
+def _addresses(
+    hosts: Sequence[str], port: int, table: TfAddresses | None = None, role: str = "task"
+) -> list[str]:
+    if table is not None:
+        return [table[h][role] for h in hosts]
     return [f"{h}:{port}" for h in hosts]
 
 
+def simulated_tf_addresses(hosts: Sequence[str], free_port) -> dict[str, dict[str, str]]:
+    """A loopback address per task and per parameter server of every simulated host."""
+    return {h: {"task": f"127.0.0.1:{free_port()}", "ps": f"127.0.0.1:{free_port()}"}
+            for h in hosts}  # fmt: skip
+
+
 def parameter_server_tf_config(
-    hosts: Sequence[str], current_host: str, ps_task: bool = False
+    hosts: Sequence[str], current_host: str, ps_task: bool = False,
+    table: TfAddresses | None = None,
 ) -> dict:
-    """TF_CONFIG of the toolkit's parameter-server setup (master, workers, one ps per host)."""
+    """TF_CONFIG of the toolkit's parameter-server setup (master, workers, one ps per host);
+    ``table`` replaces ``host:port`` with simulated hosts' own addresses."""
     hosts = list(hosts)
     workers = hosts[1:]
-    config: dict = {"cluster": {"master": _addresses(hosts[:1], PS_MASTER_PORT)},
+    config: dict = {"cluster": {"master": _addresses(hosts[:1], PS_MASTER_PORT, table)},
                     "environment": "cloud"}  # fmt: skip
     if len(hosts) > 1:
-        config["cluster"]["ps"] = _addresses(hosts, PS_SERVER_PORT)
+        config["cluster"]["ps"] = _addresses(hosts, PS_SERVER_PORT, table, "ps")
     if workers:
-        config["cluster"]["worker"] = _addresses(workers, PS_MASTER_PORT)
+        config["cluster"]["worker"] = _addresses(workers, PS_MASTER_PORT, table)
     if ps_task:
         if len(hosts) < 2:
             raise DistributionError("a parameter server task needs two or more hosts")
@@ -178,11 +197,13 @@ def parameter_server_tf_config(
     return config
 
 
-def multi_worker_mirrored_tf_config(hosts: Sequence[str], current_host: str) -> dict:
+def multi_worker_mirrored_tf_config(
+    hosts: Sequence[str], current_host: str, table: TfAddresses | None = None
+) -> dict:
     """TF_CONFIG of MultiWorkerMirroredStrategy: every host a worker."""
     hosts = list(hosts)
     return {
-        "cluster": {"worker": _addresses(hosts, MWMS_PORT)},
+        "cluster": {"worker": _addresses(hosts, MWMS_PORT, table)},
         "environment": "cloud",
         "task": {"index": hosts.index(current_host), "type": "worker"},
     }

@@ -20,7 +20,8 @@ How the hosts stay apart on one machine:
   command line (see :func:`remote_command`);
 * the master and status ports are allocated per job (``SHOAL_MASTER_PORT``,
   ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
-  collide.
+  collide; so is a loopback address for every TensorFlow task and parameter server
+  (``SHOAL_TF_ADDRESSES``), which TF_CONFIG then names instead of ``algo-N:2222``.
 
 The hosts' output goes to this process's stdout and stderr, or, with
 ``output=callback``, line by line to ``callback(host, line)``; :func:`tag_line` prefixes a
@@ -36,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -50,6 +52,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import psutil
+from shoal.launcher.runners import TF_ADDRESSES_ENV, simulated_tf_addresses
 
 SIMULATED_ROOT_ENV = "SHOAL_SIMULATED_ROOT"
 SESSION_TMP_ENV = "SHOAL_SIMULATED_TMP"
@@ -135,6 +138,8 @@ def run_job(
     base = dict(os.environ if env is None else env)
     base.setdefault("SHOAL_MASTER_PORT", str(free_port()))
     base.setdefault("SHOAL_STATUS_PORT", str(free_port()))
+    # TensorFlow clusters name host:port; here every task needs a port of its own.
+    base.setdefault(TF_ADDRESSES_ENV, json.dumps(simulated_tf_addresses(hosts, free_port)))
     # Short paths: Open MPI puts unix sockets in its session directory.
     session_tmp = tempfile.mkdtemp(prefix="shoal-")
     base[SESSION_TMP_ENV] = session_tmp

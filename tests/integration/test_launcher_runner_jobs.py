@@ -81,23 +81,29 @@ def test_single_host_script_failure_writes_the_failure_file(tmp_path):
 @pytest.mark.tensorflow
 @pytest.mark.slow
 def test_parameter_server_hosts_run_a_server_and_a_worker(tmp_path):
+    """Each simulated host's parameter server listens on its own loopback address (both
+    would bind algo-N:2223 on one machine otherwise), and every task reaches every server."""
     pytest.importorskip("tensorflow")
     hosts = ["algo-1", "algo-2"]
     script = ("import json, os, socket, time\n"
               "c = json.loads(os.environ['TF_CONFIG'])\n"
-              "me = c['cluster']['ps'][c['cluster']['ps'].index("
-              "os.environ['SHOAL_HOST'] + ':2223')]\n"
               "deadline = time.time() + 120\n"
-              "while True:\n"
-              "    try:\n"
-              "        socket.create_connection(('127.0.0.1', 2223), timeout=1).close(); break\n"
-              "    except OSError:\n"
-              "        assert time.time() < deadline; time.sleep(0.5)\n"
+              "for address in c['cluster']['ps']:\n"
+              "    ip, port = address.rsplit(':', 1)\n"
+              "    while True:\n"
+              "        try:\n"
+              "            socket.create_connection((ip, int(port)), timeout=1).close(); break\n"
+              "        except OSError:\n"
+              "            assert time.time() < deadline, address; time.sleep(0.5)\n"
               "open(os.path.join(os.environ['SM_MODEL_DIR'], 'tf_config.json'), 'w')"
               ".write(json.dumps(c))\n")  # fmt: skip
     root = make_job(tmp_path / "job", hosts, script,
                     {"sagemaker_parameter_server_enabled": "true"})
     assert run_job(str(root), hosts, timeout=300) == 0
-    tasks = [json.loads((root / h / "model" / "tf_config.json").read_text())["task"]
-             for h in hosts]  # fmt: skip
-    assert tasks == [{"index": 0, "type": "master"}, {"index": 0, "type": "worker"}]
+    configs = [json.loads((root / h / "model" / "tf_config.json").read_text()) for h in hosts]
+    assert [c["task"] for c in configs] == [{"index": 0, "type": "master"},
+                                            {"index": 0, "type": "worker"}]
+    cluster = configs[0]["cluster"]
+    assert configs[1]["cluster"] == cluster
+    addresses = cluster["master"] + cluster["worker"] + cluster["ps"]
+    assert len(set(addresses)) == 4 and all(a.startswith("127.0.0.1:") for a in addresses)

@@ -9,6 +9,7 @@ from shoal.launcher.runners import (
     entry_point_kind,
     multi_worker_mirrored_tf_config,
     parameter_server_tf_config,
+    simulated_tf_addresses,
     torchrun_argv,
     user_command,
 )
@@ -80,6 +81,20 @@ def test_multi_worker_mirrored_tf_config():
     assert multi_worker_mirrored_tf_config(["algo-1", "algo-2"], "algo-2") == {
         "cluster": {"worker": ["algo-1:8890", "algo-2:8890"]}, "environment": "cloud",
         "task": {"index": 1, "type": "worker"}}
+
+
+def test_simulated_hosts_get_an_address_per_task_and_parameter_server():
+    ports = iter(range(41000, 41100))
+    table = simulated_tf_addresses(["algo-1", "algo-2"], lambda: next(ports))
+    assert table == {"algo-1": {"task": "127.0.0.1:41000", "ps": "127.0.0.1:41001"},
+                     "algo-2": {"task": "127.0.0.1:41002", "ps": "127.0.0.1:41003"}}
+    ps = parameter_server_tf_config(["algo-1", "algo-2"], "algo-2", table=table)
+    assert ps["cluster"] == {"master": ["127.0.0.1:41000"],
+                             "ps": ["127.0.0.1:41001", "127.0.0.1:41003"],
+                             "worker": ["127.0.0.1:41002"]}
+    assert ps["task"] == {"index": 0, "type": "worker"}
+    mwms = multi_worker_mirrored_tf_config(["algo-1", "algo-2"], "algo-1", table)
+    assert mwms["cluster"] == {"worker": ["127.0.0.1:41000", "127.0.0.1:41002"]}
 
 
 def test_user_command_kinds(tmp_path):

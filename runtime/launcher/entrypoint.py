@@ -148,9 +148,10 @@ class Launch:
         build = mpi.dataparallel_argv if dp else mpi.mpi_argv
         return build(plan, command)
 
-    def supervise(self, argv: list[str], env: Mapping[str, str], keep=()) -> Outcome:
+    def supervise(self, argv: list[str], env: Mapping[str, str], keep=(), watch=None) -> Outcome:
         sup = Supervisor(argv, env, self.job.paths.code_dir, hosts=self.hosts,
-                         ranks_per_host=self.ppn, grace=self.grace, keep=keep)  # fmt: skip
+                         ranks_per_host=self.ppn, grace=self.grace, keep=keep,
+                         watch=watch)  # fmt: skip
         install_stop_handlers(sup)
         return sup.run()
 
@@ -159,7 +160,7 @@ def _finish(paths: JobPaths, outcome: Outcome) -> tuple[int, str]:
     if outcome.ok:
         failure.write_success(paths)
         return 0, ""
-    text = failure.failure_message(outcome)
+    text = failure.failure_message(outcome, last_error=outcome.watched_exit)
     failure.write_failure(paths, text)
     log.error("training failed: %s", text.splitlines()[0])
     return exit_status(outcome), text
@@ -269,7 +270,9 @@ def run_parameter_server(launch: Launch) -> int:
     env["TF_CONFIG"] = json.dumps(runners.parameter_server_tf_config(launch.hosts, host,
                                                                      table=table))
     try:
-        outcome = launch.supervise(launch.user_command([sys.executable]), env, keep=[ps.pid])
+        # Workers wait for their parameter servers forever: a dead one must end the job.
+        outcome = launch.supervise(launch.user_command([sys.executable]), env, keep=[ps.pid],
+                                   watch={"parameter server": ps})
     finally:
         ps.terminate()
         try:

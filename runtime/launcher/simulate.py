@@ -160,6 +160,26 @@ def _relay(host: str, pipe, output: Output) -> threading.Thread:
     return thread
 
 
+def _wait_hosts(procs: Sequence[subprocess.Popen], timeout: float | None, grace: float) -> bool:
+    """Wait for every host; False on timeout. As on SageMaker, a host that fails ends the
+    job: the others get ``grace`` seconds to finish (and to learn the outcome from the
+    master), then they are stopped."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed_at = None
+    while any(p.poll() is None for p in procs):
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            _end(procs, grace)
+            return False
+        if failed_at is None and any(p.returncode for p in procs):
+            failed_at = now
+        if failed_at is not None and now - failed_at > grace:
+            _end(procs, grace)
+            break
+        time.sleep(0.1)
+    return True
+
+
 def _run_hosts(job_root, hosts, base, timeout, python, grace, output) -> int:
     procs, relays = [], []
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
@@ -170,13 +190,9 @@ def _run_hosts(job_root, hosts, base, timeout, python, grace, output) -> int:
         procs.append(subprocess.Popen(argv, env=host_env, **pipes))
         if output:
             relays.append(_relay(host, procs[-1].stdout, output))
-    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        for p in procs:
-            p.wait(timeout=None if deadline is None else max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _end(procs, grace)
-        return 124
+        if not _wait_hosts(procs, timeout, grace):
+            return 124
     except BaseException:
         _end(procs, grace)
         raise

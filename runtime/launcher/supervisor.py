@@ -65,6 +65,8 @@ class Outcome:
     tail: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     stopped_by: str | None = None
     daemons_failed: bool = False
+    # A process the job depends on (a parameter server) that ended while it ran.
+    watched_exit: str | None = None
 
     @property
     def never_started(self) -> bool:
@@ -142,8 +144,12 @@ class Supervisor:
         grace: float = 10.0,
         failure_timeout: float = 15.0,
         keep: Sequence[int] = (),
+        watch: Mapping[str, subprocess.Popen] | None = None,
     ) -> None:
         self.argv = list(argv)
+        # Processes the job needs running until it ends: if one ends first, the job stops.
+        self.watch = dict(watch or {})
+        self._watched_exit: str | None = None
         self.env, self.cwd = dict(env), cwd
         self.hosts, self.ranks_per_host = list(hosts), max(1, ranks_per_host)
         self.grace, self.failure_timeout, self.keep = grace, failure_timeout, tuple(keep)
@@ -245,7 +251,19 @@ class Supervisor:
             except psutil.Error:
                 pass
 
+    def _check_watched(self) -> None:
+        if self._watched_exit is not None:
+            return
+        for name, proc in self.watch.items():
+            code = proc.poll()
+            if code is not None:
+                self._watched_exit = f"The {name} (pid {proc.pid}) exited with code {code}."
+                log.error("%s Stopping the job.", self._watched_exit)
+                self.stop(signal.SIGTERM)
+                return
+
     def _watchdog(self) -> None:
+        self._check_watched()
         now = time.monotonic()
         if self._stop_at is not None and now - self._stop_at > self.grace:
             self._kill_tree()
@@ -269,7 +287,7 @@ class Supervisor:
             tails = {r: tuple(t) for r, t in self._tails.items()}
             stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None
             return Outcome(code, self.argv, self._failure, tails, tuple(self._tail), stopped,
-                           self._daemons_failed)
+                           self._daemons_failed, self._watched_exit)
 
     def run(self) -> Outcome:
         self.start()

@@ -1,6 +1,7 @@
 """The non-MPI runners through ``train`` on simulated hosts: torchrun, one process per host."""
 
 import json
+import time
 
 import pytest
 from shoal.launcher.simulate import run_job
@@ -69,6 +70,29 @@ def test_one_process_per_host_with_multi_worker_mirrored_tf_config(tmp_path):
         assert rec["cwd"] == str(root / host / "code")
         assert rec["tf_config"]["task"] == {"index": i, "type": "worker"}
         assert (root / host / "output" / "success").exists()
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_a_dead_parameter_server_fails_the_job(tmp_path):
+    """The master's script kills its host's parameter server and then waits, as a worker
+    blocked on a dead server would: the launcher ends the job and names the server."""
+    pytest.importorskip("tensorflow")
+    hosts = ["algo-1", "algo-2"]
+    script = ("import os, time, psutil\n"
+              "if os.environ['SHOAL_HOST'] == 'algo-1':\n"
+              "    time.sleep(2)\n"
+              "    for p in psutil.Process(os.getppid()).children():\n"
+              "        if 'tf.distribute.Server' in ' '.join(p.cmdline()):\n"
+              "            p.kill()\n"
+              "time.sleep(120)\n")  # fmt: skip
+    root = make_job(tmp_path / "job", hosts, script,
+                    {"sagemaker_parameter_server_enabled": "true"})
+    start = time.monotonic()
+    assert run_job(str(root), hosts, timeout=300) != 0
+    assert time.monotonic() - start < 90
+    text = (root / "algo-1" / "output" / "failure").read_text()
+    assert "The parameter server (pid" in text and "exited with code -9" in text, text
 
 
 def test_single_host_script_failure_writes_the_failure_file(tmp_path):

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -93,3 +94,27 @@ def test_daemon_start_failure_without_rank_output_is_recognised():
                      "import sys; print('[1,0]<stdout>:hi'); print('orte_init failed'); sys.exit(1)"])
     outcome = sup.run()
     assert outcome.daemons_failed and not outcome.never_started
+
+
+def test_a_watched_process_that_ends_stops_the_job():
+    # A parameter server dies while its worker waits for it forever.
+    server = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"])
+    sup = Supervisor([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                     os.getcwd(), grace=2.0, watch={"parameter server": server})
+    start = time.monotonic()
+    outcome = sup.run()
+    assert time.monotonic() - start < 20
+    assert not outcome.ok and outcome.stopped_by == "SIGTERM"
+    assert outcome.watched_exit == f"The parameter server (pid {server.pid}) exited with code 3."
+
+
+def test_a_watched_process_still_running_changes_nothing():
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        sup = Supervisor([sys.executable, "-c", "pass"], dict(os.environ), os.getcwd(),
+                         watch={"parameter server": server}, keep=[server.pid])
+        outcome = sup.run()
+        assert outcome.ok and outcome.watched_exit is None
+    finally:
+        server.kill()
+        server.wait()

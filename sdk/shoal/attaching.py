@@ -235,9 +235,14 @@ def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All"
     ``latest_training_job`` follows, describes and stops the job; ``inputs`` holds the
     job's channels as input objects (``fit(est.inputs)`` runs the job again). With
     ``wait=True`` the job is followed to its end (``logs`` as in ``fit``).
+    ``local://<job>`` attaches to a local-mode job instead (no AWS call).
     """
     from shoal.backends.sagemaker import SageMakerBackend
     from shoal.session import Session
+
+    if job_name.startswith(LOCAL_PREFIX):
+        return _attach_local(job_name[len(LOCAL_PREFIX):], wait, logs, estimator_cls,
+                             model_channel_name)
 
     session = sagemaker_session or Session()
     client = session.sagemaker_client
@@ -252,4 +257,24 @@ def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All"
     estimator.latest_training_job = SageMakerBackend(session).job(job_name)
     if wait:
         estimator.latest_training_job.wait(logs=normalize_log_type(logs))
+    return estimator
+
+
+LOCAL_PREFIX = "local://"
+
+
+def _attach_local(job_name: str, wait: bool, logs, estimator_cls, model_channel_name: str):
+    """A local job's record is DescribeTrainingJob-shaped: the same restoration applies."""
+    from shoal.backends.local import LocalTrainingJob
+
+    job = LocalTrainingJob.attach(job_name)
+    description = job.describe()
+    params = init_params(description, [], model_channel_name)
+    cls = estimator_cls or estimator_class_for(params)
+    estimator = cls(**_accepted(cls, params))
+    estimator.inputs = inputs_from_description(description, model_channel_name)
+    estimator._current_job_name = job_name
+    estimator.latest_training_job = job
+    if wait:
+        job.wait(logs=normalize_log_type(logs))
     return estimator

@@ -122,6 +122,27 @@ def test_job_completes_with_every_rank_and_the_model_archive(tmp_path, root, cap
     assert LocalTrainingJob.attach(f"ok-{hosts}", root).describe()["TrainingJobStatus"] == "Completed"
 
 
+def test_attach_to_a_local_job_restores_its_estimator(tmp_path, root, capsys):
+    import shoal
+    from shoal.pytorch import PyTorch
+
+    # The channel as fit() writes a file:// input in local mode.
+    channel = {"ChannelName": "train", "DataSource": {"FileDataSource": {
+        "FileDataDistributionType": "FullyReplicated", "FileUri": (tmp_path / "data").as_uri()}}}
+    job = LocalBackend(root=root).submit(
+        request(tmp_path, "again", hosts=1, extra={"InputDataConfig": [channel]}))
+    job.wait(logs="None")
+    est = shoal.attach("local://again", wait=True, logs=False)
+    assert type(est) is PyTorch and est.framework_version == "1.13.1"
+    assert est.instance_type == "local" and est.instance_count == 1
+    assert est.distribution == {"smdistributed": {"dataparallel": {"enabled": True}}}
+    assert est.entry_point == "train.py"
+    assert set(est.inputs) == {"train"}
+    assert isinstance(est.latest_training_job, LocalTrainingJob)
+    assert est.latest_training_job.describe()["TrainingJobStatus"] == "Completed"
+    assert est.model_data == (tmp_path / "out" / "model.tar.gz").as_uri()
+
+
 def test_failing_rank_fails_the_job_with_its_root_cause(tmp_path, root, capsys):
     job = LocalBackend(root=root).submit(request(tmp_path, "bad", env={"FAIL_RANK": "1"}))
     with pytest.raises(JobFailedError) as error:

@@ -89,6 +89,11 @@ def host_environment(job_root: str, host: str, base: Mapping[str, str]) -> dict[
         "SHOAL_HOST": host,
         SIMULATED_ROOT_ENV: os.path.abspath(job_root),
         "SHOAL_MASTER_ADDR": "127.0.0.1",
+        # Open MPI maps its shared topology at a "hole" it picks in the address space; with
+        # several daemons starting at once on one machine the pick can land on a growing
+        # stack and the daemon segfaults (hwloc_shmem_topology_write). Each process then
+        # reads the topology itself instead.
+        "OMPI_MCA_rtc_hwloc_vmhole": "none",
     }
     if base.get(SESSION_TMP_ENV):
         # Each simulated host keeps its Open MPI session directory apart: hosts and

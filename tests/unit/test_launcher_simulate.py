@@ -11,7 +11,8 @@ def test_host_environment(tmp_path):
     env = host_environment(str(tmp_path), "algo-2", {"KEEP": "1", "SHOAL_HOST": "algo-1"})
     assert env == {"KEEP": "1", "SHOAL_HOST": "algo-2", "SHOAL_MASTER_ADDR": "127.0.0.1",
                    "SAGEMAKER_BASE_DIR": str(tmp_path / "algo-2"),
-                   "SHOAL_SIMULATED_ROOT": str(tmp_path)}  # fmt: skip
+                   "SHOAL_SIMULATED_ROOT": str(tmp_path),
+                   "OMPI_MCA_rtc_hwloc_vmhole": "none"}  # fmt: skip
 
 
 def test_agent_runs_the_remote_command_locally_as_the_target_host(tmp_path):

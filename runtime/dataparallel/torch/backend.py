@@ -6,6 +6,7 @@ cache, the first time a process group is created on the backend.
 
 from __future__ import annotations
 
+import atexit
 import re
 
 import torch.distributed as torch_dist
@@ -26,10 +27,23 @@ def create_process_group(store, rank: int, size: int, timeout, ranks=()):
     from .build import load_extension
 
     extension = load_extension()
+    _drain_at_exit(extension)
     if ranks and len(ranks) != torch_dist.get_world_size():
         return extension.create_subgroup_backend(rank, list(ranks), torch_dist.get_world_size())
     rendezvous.start_core_through_store(store, rank)
     return extension.create_backend(rank, size)
+
+
+_draining: list = []
+
+
+def _drain_at_exit(extension) -> None:
+    """Let the backend's completion thread finish its futures' callbacks (DDP's hooks are
+    Python) while the interpreter is still whole: one that starts during finalization
+    aborts the process."""
+    if not _draining:
+        _draining.append(extension)
+        atexit.register(extension.drain)
 
 
 createProcessGroupShoal = create_process_group  # noqa: N816 - the name c10d backends use

@@ -164,25 +164,42 @@ class Completer {
     ready_.notify_one();
   }
 
+  // Blocks until every submitted operation completed and its future's callbacks ran.
+  // Called at interpreter exit (with the GIL released): a callback written in Python
+  // (DDP's hooks) that this thread starts once the interpreter is finalizing cannot take
+  // the GIL, and the thread is ended from under its C++ frames (std::terminate).
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
  private:
   Completer() : thread_([this] { run(); }) { thread_.detach(); }
 
   void run() {
     for (;;) {
-      Pending pending;
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        ready_.wait(lock, [this] { return !queue_.empty(); });
-        pending = std::move(queue_.front());
-        queue_.pop_front();
+        Pending pending;
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          ready_.wait(lock, [this] { return !queue_.empty(); });
+          pending = std::move(queue_.front());
+          queue_.pop_front();
+          busy_ = true;
+        }
+        try {
+          for (auto& handle : pending.handles) await(handle);
+          if (pending.finish) pending.finish();
+          pending.work->complete();
+        } catch (...) {
+          pending.work->fail(std::current_exception());
+        }
+      }  // the operation's tensors are released before this thread reports idle
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        busy_ = false;
       }
-      try {
-        for (auto& handle : pending.handles) await(handle);
-        if (pending.finish) pending.finish();
-        pending.work->complete();
-      } catch (...) {
-        pending.work->fail(std::current_exception());
-      }
+      idle_.notify_all();
     }
   }
 
@@ -201,7 +218,9 @@ class Completer {
 
   std::mutex mutex_;
   std::condition_variable ready_;
+  std::condition_variable idle_;
   std::deque<Pending> queue_;
+  bool busy_ = false;
   std::thread thread_;
 };
 
@@ -712,6 +731,10 @@ c10::intrusive_ptr<c10d::Backend> create_subgroup_backend(int rank, std::vector<
 }  // namespace shoal_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("drain", [] {
+    py::gil_scoped_release nogil;
+    shoal_torch::Completer::instance().drain();
+  }, "Wait until every operation completed and its callbacks ran (for interpreter exit).");
   m.doc() = "Shoal's c10d backend over the collective core";
   m.def("create_backend", &shoal_torch::create_backend, py::arg("rank"), py::arg("size"),
         "A c10d Backend over the (initialized) core for the world group.");

@@ -15,10 +15,6 @@
 
 namespace shoal {
 
-namespace {
-constexpr uint64_t kUnused = UINT64_MAX;
-}  // namespace
-
 void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
   const Topology& t = job_.topo;
   char* out = static_cast<char*>(recv);
@@ -72,7 +68,7 @@ void Comm::local_allgather(char* out, std::size_t B) {
                       [&](std::size_t at, std::size_t n) { std::memcpy(out + at, from, n), from += n; });
       }
       seg_->publish(Counter::Gathered, ++gathered);
-    } else if (posted < end && (previous == kUnused || seg_->min(Counter::Gathered) > previous)) {
+    } else if (posted < end && set_free(previous)) {
       char* to = slot(posted, me);
       column_pieces(job_, me, B, (posted - g0) * per, len(posted),
                     [&](std::size_t at, std::size_t n) { std::memcpy(to, out + at, n), to += n; });

@@ -41,7 +41,6 @@
 namespace shoal {
 
 namespace {
-constexpr uint64_t kUnused = UINT64_MAX;
 constexpr int kHot = 4;
 }  // namespace
 
@@ -56,8 +55,7 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   const uint64_t g0 = chunks_, end = g0 + (count + per_chunk - 1) / per_chunk;
   // Averages divide once, at the stage that completes the sum.
   const int divisor = op == ReduceOp::Average ? t.size : 1;
-  const bool small = count * es <= cfg_.small_bytes;
-  const bool whole = small;
+  const bool whole = count * es <= cfg_.small_bytes;
   // One host: a rank's own slice never goes through the segment; it reduces
   // from its buffer and posts only what the peers reduce (one copy less).
   const bool direct = t.num_hosts == 1 && !whole;
@@ -127,9 +125,7 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
         if (t.num_hosts > 1) inter_host(slices, dtype, op, divisor, op_name);
         seg_->publish(Counter::Reduced, reduce);
       }
-    } else if (copy < end && (p.previous[copy - g0] == kUnused ||
-                              seg_->min(Counter::Gathered) > p.previous[copy - g0])) {
-      // A slot set is free once every rank gathered the chunk that used it last.
+    } else if (copy < end && set_free(p.previous[copy - g0])) {
       post(copy);
       seg_->publish(Counter::Posted, ++copy);
     } else {

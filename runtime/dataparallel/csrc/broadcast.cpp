@@ -17,7 +17,6 @@
 namespace shoal {
 
 namespace {
-constexpr uint64_t kUnused = UINT64_MAX;
 constexpr std::size_t kBlockBytes = 4u << 20;
 }  // namespace
 
@@ -69,8 +68,7 @@ void Comm::local_broadcast(char* data, std::size_t bytes, int local_root) {
     const uint64_t previous = p.previous[g - g0];
     std::vector<int> behind;
     if (me == local_root) {
-      // A slot set is free once every rank copied the chunk that used it last.
-      if (previous == kUnused || seg_->min(Counter::Gathered) > previous) {
+      if (set_free(previous)) {
         std::memcpy(slot, chunk(g), len(g));
         ++g;
         seg_->publish(Counter::Posted, g);

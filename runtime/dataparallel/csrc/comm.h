@@ -35,11 +35,17 @@ class Comm {
 
  private:
   // Slot sets of an operation's chunks, and the chunk that used each set last.
+  static constexpr uint64_t kUnused = UINT64_MAX;
   struct Plan {
     std::vector<int> set;
     std::vector<uint64_t> previous;  // kUnused when the set is fresh
   };
   Plan plan(uint64_t first_chunk, std::size_t chunks);
+  // A slot set is free once every local rank gathered `previous`, the chunk
+  // that used it last (kUnused: never used).
+  bool set_free(uint64_t previous) const {
+    return previous == kUnused || seg_->min(Counter::Gathered) > previous;
+  }
   bool probe_single_copy();
   void read_peer(int local, uint64_t remote, void* local_buf, std::size_t bytes, const std::string& name);
   [[noreturn]] void peer_read_failed(int local, int err, const std::string& name);

@@ -86,6 +86,21 @@ void check_cpu(const at::Tensor& tensor) {
   TORCH_CHECK(!tensor.is_sparse(), "shoal backend: sparse tensors are not supported");
 }
 
+constexpr const char* kAllgatherSizes =
+    "shoal backend: allgather_into_tensor: the output must hold world_size times the input, "
+    "same dtype";
+constexpr const char* kReduceScatterSizes =
+    "shoal backend: reduce_scatter_tensor: the input must hold world_size times the output, "
+    "same dtype";
+
+// The tensor forms of allgather and reduce_scatter: `whole` holds `size` times `part`, same
+// dtype. `message` names the call and which tensor is which.
+void check_world_sized(const at::Tensor& whole, const at::Tensor& part, int64_t size,
+                       const char* message) {
+  TORCH_CHECK(whole.numel() == size * part.numel() && whole.scalar_type() == part.scalar_type(),
+              message);
+}
+
 void check_single(const std::vector<at::Tensor>& tensors) {
   TORCH_CHECK(tensors.size() == 1, "shoal backend: expects one tensor per call (got ",
               tensors.size(), ")");
@@ -333,10 +348,7 @@ class ProcessGroupShoal : public c10d::Backend {
     for (size_t i = 0; i < inputs.size(); ++i) {  // all checked before any is issued
       check_cpu(outputs[i]);
       check_cpu(inputs[i]);
-      TORCH_CHECK(outputs[i].numel() == size_ * inputs[i].numel() &&
-                      outputs[i].scalar_type() == inputs[i].scalar_type(),
-                  "shoal backend: allgather_into_tensor: the output must hold world_size times "
-                  "the input, same dtype");
+      check_world_sized(outputs[i], inputs[i], size_, kAllgatherSizes);
     }
     Pending pending{{}, nullptr, nullptr};
     std::vector<std::function<void()>> copies;
@@ -423,10 +435,7 @@ class ProcessGroupShoal : public c10d::Backend {
     check_group("reduce_scatter_tensor");
     check_cpu(output);
     check_cpu(input);
-    TORCH_CHECK(input.numel() == size_ * output.numel() &&
-                    input.scalar_type() == output.scalar_type(),
-                "shoal backend: reduce_scatter_tensor: the input must hold world_size times the "
-                "output, same dtype");
+    check_world_sized(input, output, size_, kReduceScatterSizes);
     at::Tensor flat = input.contiguous().view({-1}).clone();
     return scatter_reduced(output, flat, to_op(opts.reduceOp), OpType::_REDUCE_SCATTER_BASE);
   }
@@ -443,10 +452,7 @@ class ProcessGroupShoal : public c10d::Backend {
     for (size_t i = 0; i < inputs.size(); ++i) {
       check_cpu(outputs[i]);
       check_cpu(inputs[i]);
-      TORCH_CHECK(inputs[i].numel() == size_ * outputs[i].numel() &&
-                      inputs[i].scalar_type() == outputs[i].scalar_type(),
-                  "shoal backend: reduce_scatter_tensor: the input must hold world_size times "
-                  "the output, same dtype");
+      check_world_sized(inputs[i], outputs[i], size_, kReduceScatterSizes);
       to_dtype(inputs[i]);  // fail before issuing any
     }
     for (size_t i = 0; i < inputs.size(); ++i) {

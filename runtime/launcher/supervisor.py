@@ -2,7 +2,8 @@
 
 :class:`Supervisor` starts the command in its own session, streams its output with every
 Open MPI tag ``[1,R]<stdout>:`` rewritten to name the rank's host
-(``[1,mpirank:R,algo-2]<stdout>:``), keeps the last lines of each rank, and notices the
+(``[1,mpirank:R,algo-2]<stdout>:``), rebuilds each rank's lines from the chunks that
+Open MPI tags (:class:`RankLines`), keeps the last lines of each rank, and notices the
 first rank failure (``shoal-rank``'s ``SHOAL_RANK_FAILED`` line, else mpirun's own
 abort messages). :meth:`Supervisor.stop` forwards SIGTERM and escalates to SIGKILL after
 a grace period; when the top process is gone, any process left below the launcher is
@@ -11,6 +12,7 @@ ended too (the launcher is a child subreaper, so orphans stay in its psutil tree
 
 from __future__ import annotations
 
+import codecs
 import collections
 import json
 import logging
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Optional
 
 import attrs
 import psutil
@@ -29,9 +32,8 @@ from shoal.launcher.rank import FAILURE_MARKER
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 30
-_TAG = re.compile(r"^\[(\d+),(\d+)\]<(stdout|stderr)>:")
-# Open MPI tags every write, so a line written in pieces carries the tag several times.
-_INNER_TAG = re.compile(r"\[\d+,\d+\]<(?:stdout|stderr)>:")
+# Open MPI's --tag-output tag; split() yields text, job, rank, stream, text, ...
+_TAG = re.compile(r"\[(\d+),(\d+)\]<(stdout|stderr)>:")
 _ABORT = re.compile(r"MPI_ABORT was invoked on rank (\d+)")
 _SIGNALLED = re.compile(
     r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \((\w+)\))?"
@@ -118,16 +120,85 @@ def end_descendants(grace: float = 5.0, keep: Sequence[int] = ()) -> None:
         end_processes(procs, grace)
 
 
+class Tag(NamedTuple):
+    """Whose output a line is: Open MPI's ``[job,rank]<stream>:``."""
+
+    job: str
+    rank: int
+    stream: str
+
+
+# A line and its tag (None: untagged output, such as mpirun's own messages).
+Line = tuple[Optional[Tag], str]
+
+
+def _pieces(physical: str) -> list[Line]:
+    """The tagged pieces of one physical line; text before the first tag is untagged,
+    since a physical line begins at a line start."""
+    parts = _TAG.split(physical)
+    tagged = [(Tag(parts[i], int(parts[i + 1]), parts[i + 2]), parts[i + 3])
+              for i in range(1, len(parts), 4)]  # fmt: skip
+    return ([(None, parts[0])] if parts[0] or not tagged else []) + tagged
+
+
+class RankLines:
+    """Rebuilds each rank's lines from one pipe of the top process's output.
+
+    Open MPI tags each chunk a rank writes, not each line, and chunks of different ranks
+    interleave: Python writes a traceback's last line in four writes (``RuntimeError``,
+    ``: ``, the message, the newline), so another rank's line can land inside it. So the
+    text of each tag is kept apart until a newline ends it; untagged text is one source.
+    """
+
+    def __init__(self) -> None:
+        # Chunks can end inside a UTF-8 character.
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._rest = ""  # the pipe's unfinished physical line
+        self._partial: dict[Tag | None, str] = {}
+
+    def feed(self, data: bytes) -> list[Line]:
+        """The lines that ``data`` ends, in the order of their newlines."""
+        *whole, self._rest = (self._rest + self._decoder.decode(data)).split("\n")
+        # A physical line's newline ends the line of its last piece's tag.
+        return [self._complete(*self._keep_all_but_last(physical)) for physical in whole]
+
+    def close(self) -> list[Line]:
+        """At EOF: every line still waiting for its newline."""
+        self._keep(*self._keep_all_but_last(self._rest + self._decoder.decode(b"", True)))
+        self._rest = ""
+        return [self._complete(tag, "") for tag in list(self._partial)]
+
+    def _keep_all_but_last(self, physical: str) -> Line:
+        *pieces, last = _pieces(physical)
+        for tag, piece in pieces:
+            self._keep(tag, piece)
+        return last
+
+    def _keep(self, tag: Tag | None, piece: str) -> None:
+        if piece:
+            self._partial[tag] = self._partial.get(tag, "") + piece
+
+    def _complete(self, tag: Tag | None, piece: str) -> Line:
+        line = self._partial.pop(tag, "") + piece
+        return tag, line[:-1] if line.endswith("\r") else line
+
+
 class _Stream(threading.Thread):
     def __init__(self, supervisor: Supervisor, pipe, out) -> None:
         super().__init__(daemon=True)
         self.supervisor, self.pipe, self.out = supervisor, pipe, out
 
     def run(self) -> None:
-        for raw in iter(self.pipe.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            self.out.write(self.supervisor.handle_line(line) + "\n")
-            self.out.flush()
+        # Chunks as they come: RankLines, not the pipe, decides where lines end.
+        lines = RankLines()
+        for data in iter(lambda: self.pipe.read1(65536), b""):
+            self._print(lines.feed(data))
+        self._print(lines.close())
+
+    def _print(self, lines: list[Line]) -> None:
+        for tag, text in lines:
+            self.out.write(self.supervisor.handle_line(text, tag) + "\n")
+        self.out.flush()
 
 
 class Supervisor:
@@ -168,20 +239,18 @@ class Supervisor:
         index = rank // self.ranks_per_host
         return self.hosts[index] if 0 <= index < len(self.hosts) else None
 
-    def handle_line(self, line: str) -> str:
-        """Record one output line; return it as printed (host-tagged)."""
-        match = _TAG.match(line)
-        rank = int(match.group(2)) if match else None
-        text = _INNER_TAG.sub("", line[match.end():]) if match else line
+    def handle_line(self, text: str, tag: Tag | None = None) -> str:
+        """Record one rebuilt line (a rank's when tagged); return it as printed."""
+        rank = tag.rank if tag else None
         with self._lock:
             if rank is not None:
                 self._tails.setdefault(rank, collections.deque(maxlen=TAIL_LINES)).append(text)
             self._tail.append(text)
             self._scan(text, rank)
-        if not match:
-            return line
+        if tag is None:
+            return text
         host = self.host_of(rank) or "?"
-        return f"[{match.group(1)},mpirank:{rank},{host}]<{match.group(3)}>:{text}"
+        return f"[{tag.job},mpirank:{rank},{host}]<{tag.stream}>:{text}"
 
     def _record(self, failure: RankFailure) -> None:
         if self._failure is None:
@@ -283,6 +352,10 @@ class Supervisor:
         end_descendants(grace=min(self.grace, 5.0), keep=self.keep)
         for s in self._streams:
             s.join(timeout=60)  # the rest of the output, up to EOF
+        return self.outcome(code)
+
+    def outcome(self, code: int) -> Outcome:
+        """What the output recorded so far says, for the top process's exit ``code``."""
         with self._lock:
             tails = {r: tuple(t) for r, t in self._tails.items()}
             stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None

@@ -8,27 +8,44 @@ import threading
 import time
 
 import psutil
-from shoal.launcher.supervisor import Supervisor, exit_status
+import pytest
+from shoal.launcher import failure
+from shoal.launcher.rank import failure_line
+from shoal.launcher.supervisor import RankLines, Supervisor, Tag, exit_status
 
 
 def make(hosts=("algo-1", "algo-2"), ppn=2, argv=("true",)):
     return Supervisor(list(argv), dict(os.environ), os.getcwd(), hosts=hosts, ranks_per_host=ppn)
 
 
+def feed(sup, *chunks):
+    """What ``sup`` prints for ``chunks`` read from one pipe, then EOF."""
+    lines = RankLines()
+    got = [ln for chunk in chunks for ln in lines.feed(chunk.encode())] + lines.close()
+    return [sup.handle_line(text, tag) for tag, text in got]
+
+
+def ompi(rank, data):
+    """One write of ``rank`` to stderr as mpirun --tag-output forwards it: a tag at the
+    start and after every newline inside."""
+    tag = f"[1,{rank}]<stderr>:"
+    return tag + data[:-1].replace("\n", "\n" + tag) + data[-1:]
+
+
 def test_tags_name_the_host_and_pieces_are_joined():
     sup = make()
-    assert sup.handle_line("[1,3]<stdout>:rank[1,3]<stdout>: 3 done") == (
-        "[1,mpirank:3,algo-2]<stdout>:rank 3 done")
-    assert sup.handle_line("[1,0]<stderr>:oops") == "[1,mpirank:0,algo-1]<stderr>:oops"
-    assert sup.handle_line("plain line") == "plain line"
+    assert feed(sup, "[1,3]<stdout>:rank[1,3]<stdout>: 3 done\n") == [
+        "[1,mpirank:3,algo-2]<stdout>:rank 3 done"]
+    assert feed(sup, "[1,0]<stderr>:oops\n") == ["[1,mpirank:0,algo-1]<stderr>:oops"]
+    assert feed(sup, "plain line\n") == ["plain line"]
 
 
 def test_marker_is_the_root_cause_even_after_mpirun_messages():
     sup = make()
-    sup.handle_line("[1,1]<stderr>:ValueError: boom")
-    sup.handle_line('[1,1]<stderr>:SHOAL_RANK_FAILED {"rank": 1, "host": "algo-1", '
-                    '"exit_code": 1, "signal": null}')  # fmt: skip
-    sup.handle_line("MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD")
+    feed(sup, "[1,1]<stderr>:ValueError: boom\n",
+         '[1,1]<stderr>:SHOAL_RANK_FAILED {"rank": 1, "host": "algo-1", '
+         '"exit_code": 1, "signal": null}\n',
+         "MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD\n")  # fmt: skip
     failure = sup._failure
     assert (failure.rank, failure.host, failure.exit_code) == (1, "algo-1", 1)
 
@@ -45,6 +62,109 @@ def test_mpirun_messages_as_fallback():
     sup = make()
     sup.handle_line("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD")
     assert (sup._failure.rank, sup._failure.host) == (1, "algo-1")
+
+
+# A traceback's writes as Python 3.11 makes them to stderr (strace): the exception line
+# in four, and the marker that shoal-rank writes after the script exited.
+EXCEPTION = "RuntimeError: boom: the data is bad"
+WRITES = ("Traceback (most recent call last):\n", '  File "train.py", line 7, in <module>\n',
+          "    ", 'raise RuntimeError("boom: the data is bad")', "\n",
+          "RuntimeError", ": ", "boom: the data is bad", "\n")  # fmt: skip
+
+
+def marker(rank):
+    ranks = {"RANK": str(rank), "LOCAL_RANK": "0", "SHOAL_HOST": f"algo-{rank + 1}"}
+    return failure_line(ranks, 1) + "\n"
+
+
+def alternate(*writers):
+    """One write of each writer in turn, as mpirun forwards ranks that write at once."""
+    longest = max(len(w) for w in writers)
+    return [w[i] for i in range(longest) for w in writers if i < len(w)]
+
+
+def interleaved(*ranks, crlf=False):
+    """Every rank's traceback, their writes alternating (so another rank's line lands inside
+    each line written in pieces), then the markers, rank 0's first (the root cause)."""
+    writes = [w.replace("\n", "\r\n") if crlf else w for w in WRITES]
+    return alternate(*[[ompi(r, w) for w in writes] for r in ranks]) + [
+        ompi(r, marker(r)) for r in sorted(ranks)]
+
+
+def rechunked(chunks, size):
+    """The same bytes cut every ``size`` characters: mid-tag, mid-word, mid-CRLF."""
+    data = "".join(chunks)
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def head_of_failure(*chunks):
+    sup = make(ppn=1)
+    feed(sup, *chunks)
+    outcome = sup.outcome(1)
+    assert outcome.rank_tails[0][-2:] == (EXCEPTION, marker(0).strip())
+    return failure.failure_message(outcome).splitlines()[0]
+
+
+@pytest.mark.parametrize("chunks", [
+    pytest.param(interleaved(0), id="one-rank-write-per-chunk"),
+    # CI's case: rank 1's header lands after rank 0's "RuntimeError: ".
+    pytest.param([*[ompi(0, w) for w in WRITES[:7]], ompi(1, WRITES[0]),
+                  *[ompi(0, w) for w in WRITES[7:]], ompi(0, marker(0))],
+                 id="header-inside-exception-line"),
+    pytest.param(interleaved(0, 1), id="ranks-interleaved-inside-lines"),
+    pytest.param(interleaved(1, 0), id="other-rank-first"),
+    pytest.param(rechunked(interleaved(0, 1), 7), id="split-mid-tag-and-word"),
+    pytest.param(rechunked(interleaved(0, 1), 1), id="one-byte-reads"),
+    pytest.param(interleaved(0, 1, crlf=True), id="crlf"),
+    pytest.param(rechunked(interleaved(0, 1, crlf=True), 5), id="crlf-split"),
+    pytest.param([*[ompi(0, w) for w in WRITES[:5]], ompi(0, "Runt"),
+                  ompi(1, "Traceback (most recent call last):\n"), "mpirun: a message\n",
+                  ompi(0, "imeError: bo"), ompi(1, '  File "train.py", line 7'),
+                  ompi(0, "om: the data is bad\n"), ompi(1, ", in <module>\n"),
+                  ompi(0, marker(0))],
+                 id="rank-splits-mid-word"),
+])  # fmt: skip
+def test_the_failure_keeps_the_exception_line_however_the_traceback_arrives(chunks):
+    assert head_of_failure(*chunks) == f"Rank 0 on host algo-1 exited with code 1. {EXCEPTION}"
+
+
+def test_a_last_line_without_newline_is_ended_at_eof():
+    # mpirun's report can come before the rank's last chunk, which never gets its newline.
+    chunks = ["  Process name: [[25250,1],0]\n", "  Exit code:    1\n",
+              *[ompi(0, w) for w in WRITES[:-1]]]  # fmt: skip
+    sup = make(ppn=1)
+    printed = feed(sup, *rechunked(chunks, 3))
+    assert printed[-1] == f"[1,mpirank:0,algo-1]<stderr>:{EXCEPTION}"
+    head = failure.failure_message(sup.outcome(1)).splitlines()[0]
+    assert head == f"Rank 0 on host algo-1 exited with code 1. {EXCEPTION}"
+
+
+def test_interleaved_ranks_print_whole_lines():
+    printed = feed(make(ppn=1), *interleaved(0, 1))
+    assert printed.count(f"[1,mpirank:1,algo-2]<stderr>:{EXCEPTION}") == 1
+    assert printed.count("[1,mpirank:0,algo-1]<stderr>:Traceback (most recent call last):") == 1
+    assert len(printed) == 2 * 5
+
+
+def test_rank_lines_keep_untagged_text_and_split_characters_apart():
+    lines = RankLines()
+    data = "[1,0]<stdout>:caf\u00e9 [1,1]<stdout>:x\nmpirun: note\n[1,0]<stdout>:ok\n".encode()
+    got = [ln for i in range(len(data)) for ln in lines.feed(data[i:i + 1])] + lines.close()
+    assert got == [(Tag("1", 1, "stdout"), "x"), (None, "mpirun: note"),
+                   (Tag("1", 0, "stdout"), "caf\u00e9 ok")]  # fmt: skip
+    assert RankLines().close() == []
+
+
+def test_the_pipe_is_read_in_chunks_to_eof():
+    # The real reader: a child writes the interleaved pieces and ends without a newline.
+    chunks = interleaved(0, 1)[:-2] + [ompi(0, marker(0).strip())]
+    script = ("import os, sys\n"
+              f"for c in {chunks!r}:\n"
+              "    os.write(2, c.encode())\n"
+              "sys.exit(1)\n")  # fmt: skip
+    outcome = make(ppn=1, argv=[sys.executable, "-c", script]).run()
+    assert outcome.returncode == 1 and outcome.failure.rank == 0
+    assert failure.failure_message(outcome).splitlines()[0].endswith(f"code 1. {EXCEPTION}")
 
 
 def test_run_collects_exit_code_and_tail():

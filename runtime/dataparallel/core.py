@@ -9,6 +9,9 @@ raises Shoal's errors (``CollectiveTimeoutError``, ``PeerLostError``).
     comm = core.init()                 # from the rank environment; idempotent
     core.allreduce(grads, op="average")
     handle = core.allreduce_async(other); ...; handle.wait()
+    pair = core.new_group([0, 1])      # every rank calls; None where not a member
+    if pair is not None:
+        core.allreduce(grads, group=pair)
 
 bfloat16 arrays are ``ml_dtypes.bfloat16`` arrays, or uint16 arrays holding the
 bits with ``dtype="bfloat16"``.
@@ -44,6 +47,7 @@ class Communicator:
 
     rank: int
     size: int
+    global_rank: int
     local_rank: int
     local_size: int
     host_index: int
@@ -64,6 +68,30 @@ class Handle:
     def wait(self) -> np.ndarray:
         self._handle.wait()
         return self.array
+
+
+@attrs.define(eq=False)
+class Group:
+    """A communicator over some ranks (see ``new_group``); pass it as ``group=``."""
+
+    _group: Any = attrs.field(repr=False)
+    ranks: tuple[int, ...]
+
+    @property
+    def topology(self) -> Communicator:
+        return Communicator(**self._group.topology())
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def destroy(self) -> None:
+        """Releases the group's memory, sockets and thread (local, not a collective)."""
+        self._group.destroy()
 
 
 def _binding():
@@ -108,6 +136,18 @@ def shutdown() -> None:
         _core.shutdown()
 
 
+def new_group(ranks, group: Group | None = None) -> Group | None:
+    """A communicator over ``ranks`` (ranks of ``group``, default the world), in their
+    order. Every rank of the parent calls it with the same ranks; the others get None."""
+    ranks = tuple(int(r) for r in ranks)
+    made = _binding().new_group(_target(group), list(ranks))
+    return None if made is None else Group(made, ranks)
+
+
+def _target(group: Group | None):
+    return _binding().world() if group is None else group._group
+
+
 def _dtype_code(array: np.ndarray, dtype: str | None) -> int:
     if dtype is None and array.dtype in _NATIVE:
         return _NATIVE[array.dtype]
@@ -142,52 +182,68 @@ def _raw(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def allreduce(array: np.ndarray, op: str = "sum", dtype: str | None = None) -> np.ndarray:
-    """Reduces ``array`` in place across all ranks and returns it."""
+# Every collective runs on ``group`` (a ``Group`` from ``new_group``), default the world;
+# ranks and roots are ranks in that communicator.
+
+
+def allreduce(
+    array: np.ndarray, op: str = "sum", dtype: str | None = None, group: Group | None = None
+) -> np.ndarray:
+    """Reduces ``array`` in place across the group's ranks and returns it."""
     array = _checked(array)
-    _binding().allreduce(_raw(array), _dtype_code(array, dtype), _op_code(op))
+    _binding().allreduce(_target(group), _raw(array), _dtype_code(array, dtype), _op_code(op))
     return array
 
 
-def allreduce_async(array: np.ndarray, op: str = "sum", dtype: str | None = None) -> Handle:
+def allreduce_async(
+    array: np.ndarray, op: str = "sum", dtype: str | None = None, group: Group | None = None
+) -> Handle:
     """Queues an in-place allreduce (fused with its neighbours); ``.wait()`` on the handle."""
     array = _checked(array)
-    handle = _binding().allreduce_async(_raw(array), _dtype_code(array, dtype), _op_code(op))
+    code = _dtype_code(array, dtype)
+    handle = _binding().allreduce_async(_target(group), _raw(array), code, _op_code(op))
     return Handle(handle, array)
 
 
-def broadcast(array: np.ndarray, root: int = 0) -> np.ndarray:
+def broadcast(array: np.ndarray, root: int = 0, group: Group | None = None) -> np.ndarray:
     """Every rank's ``array`` becomes root's, in place."""
     array = _checked(array)
-    _binding().broadcast(_raw(array), int(root))
+    _binding().broadcast(_target(group), _raw(array), int(root))
     return array
 
 
-def allgather(array: np.ndarray) -> np.ndarray:
+def allgather(array: np.ndarray, group: Group | None = None) -> np.ndarray:
     """A new array of shape ``(size, *array.shape)``: row r is rank r's array."""
     array = np.ascontiguousarray(array)
     if not is_initialized():
         raise ValidationError("shoal collectives are not initialized: call init() first")
-    size = init().size
+    size = init().size if group is None else group.size
     out = np.empty((size, *array.shape), dtype=array.dtype)
-    _binding().allgather(_raw(array), _raw(out))
+    _binding().allgather(_target(group), _raw(array), _raw(out))
     return out
 
 
-def reduce(array: np.ndarray, op: str = "sum", root: int = 0, dtype: str | None = None) -> np.ndarray:
+def reduce(
+    array: np.ndarray,
+    op: str = "sum",
+    root: int = 0,
+    dtype: str | None = None,
+    group: Group | None = None,
+) -> np.ndarray:
     """Reduces into root's ``array`` in place; the others' arrays are unchanged."""
     array = _checked(array)
-    _binding().reduce(_raw(array), _dtype_code(array, dtype), _op_code(op), int(root))
+    code = _dtype_code(array, dtype)
+    _binding().reduce(_target(group), _raw(array), code, _op_code(op), int(root))
     return array
 
 
-def barrier() -> None:
-    _binding().barrier()
+def barrier(group: Group | None = None) -> None:
+    _binding().barrier(_target(group))
 
 
-def flush() -> None:
+def flush(group: Group | None = None) -> None:
     """Starts the queued allreduces now instead of waiting for a full fusion buffer."""
-    _binding().flush()
+    _binding().flush(_target(group))
 
 
 atexit.register(shutdown)

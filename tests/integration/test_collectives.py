@@ -200,7 +200,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300):
+def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300, script=HERE):
     env = dict(os.environ)
     env.update({"SHOAL_JOB_ID": uuid.uuid4().hex[:12], "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port()), "SHOAL_COLLECTIVE_TIMEOUT": "60"})
@@ -214,10 +214,10 @@ def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300):
         for r in range(np_):
             env[f"EXPECTED_HOST_{r}"] = per_rank_host(r)
             argv += ["-x", f"EXPECTED_HOST_{r}"]
-        script = f'SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/{np_ // 2})) exec "{sys.executable}" "{HERE}" worker'
+        script = f'SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/{np_ // 2})) exec "{sys.executable}" "{script}" worker'
         argv += ["bash", "-c", script]
     else:
-        argv += [sys.executable, HERE, "worker"]
+        argv += [sys.executable, script, "worker"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert proc.stdout.count("cases ok") == np_, proc.stdout

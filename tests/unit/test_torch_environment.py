@@ -72,12 +72,3 @@ def test_collective_timeout():
         rendezvous.collective_timeout({"SHOAL_COLLECTIVE_TIMEOUT": "0"})
     with pytest.raises(ValidationError, match="must be a number"):
         rendezvous.collective_timeout({"SHOAL_COLLECTIVE_TIMEOUT": "soon"})
-
-
-def test_free_port_can_be_bound():
-    import socket
-
-    port = rendezvous.free_port()
-    with socket.socket() as listener:
-        listener.bind(("", port))
-    assert 0 < port < 65536

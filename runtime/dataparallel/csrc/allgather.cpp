@@ -26,8 +26,8 @@ void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
     for (int h = 0; h < t.num_hosts; ++h) {
       if (h == t.host_index) continue;
       const int peer = job_.host_ranks[h][t.local_rank];
-      xfer.push_back({job_.mesh[h], out + cfg_.rank * B, B, true, peer});
-      xfer.push_back({job_.mesh[h], out + (std::size_t)peer * B, B, false, peer});
+      xfer.push_back({job_.mesh[h], out + cfg_.rank * B, B, true, job_.global(peer)});
+      xfer.push_back({job_.mesh[h], out + (std::size_t)peer * B, B, false, job_.global(peer)});
     }
     net::run(xfer, cfg_.timeout_ms, "allgather", [this] { seg_->check_abort(); });
   }

@@ -198,7 +198,7 @@ void Comm::read_peer(int local, uint64_t remote, void* into, std::size_t bytes,
                      std::chrono::milliseconds(std::min(cfg_.timeout_ms, 5000));
   do {
     seg_->check_abort();
-    seg_->check_liveness({local}, name);
+    seg_->check_liveness({local}, name, seg_->version());
     if (err == ESRCH)  // the process no longer exists
       throw Error(Error::Kind::PeerLost, name + ": rank " + std::to_string(rank) + " exited", {rank});
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -3,6 +3,7 @@
 // Buffers are taken through the buffer protocol; the GIL is released while a
 // collective runs or is waited for.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <vector>
 
@@ -55,6 +56,7 @@ struct Handle {
 py::dict topology_dict(const shoal::Topology& t) {
   py::dict d;
   d["rank"] = t.rank;
+  d["global_rank"] = t.global_rank;
   d["size"] = t.size;
   d["local_rank"] = t.local_rank;
   d["local_size"] = t.local_size;
@@ -105,42 +107,55 @@ PYBIND11_MODULE(_core, m) {
   m.def("shutdown", &shoal::shutdown, py::call_guard<py::gil_scoped_release>());
   m.def("dtype_size", [](int d) { return shoal::dtype_size(static_cast<shoal::DType>(d)); });
 
-  m.def("allreduce", [](py::buffer buf, int dtype, int op) {
+  // Every collective takes the communicator first: the world or a group.
+  py::class_<shoal::Group, shoal::GroupPtr>(m, "Group")
+      .def("topology", [](shoal::Group& g) { return topology_dict(g.topology()); })
+      .def("destroy", &shoal::Group::destroy, py::call_guard<py::gil_scoped_release>());
+  m.def("world", &shoal::world);
+  m.def("new_group", [](shoal::GroupPtr parent, std::vector<int> ranks) {
+    py::gil_scoped_release nogil;
+    return shoal::new_group(parent, ranks);
+  });
+
+  m.def("allreduce", [](shoal::GroupPtr g, py::buffer buf, int dtype, int op) {
     Span s = writable(buf, "array");
     auto d = static_cast<shoal::DType>(dtype);
     std::size_t n = count_of(s, d);
     py::gil_scoped_release nogil;
-    shoal::allreduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op));
+    g->allreduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op));
   });
-  m.def("allreduce_async", [](py::buffer buf, int dtype, int op) {
+  m.def("allreduce_async", [](shoal::GroupPtr g, py::buffer buf, int dtype, int op) {
     Span s = writable(buf, "array");
     auto d = static_cast<shoal::DType>(dtype);
     std::size_t n = count_of(s, d);
-    return Handle{shoal::allreduce_async(s.ptr, n, d, static_cast<shoal::ReduceOp>(op)), buf};
+    return Handle{g->allreduce_async(s.ptr, n, d, static_cast<shoal::ReduceOp>(op)), buf};
   });
-  m.def("broadcast", [](py::buffer buf, int root) {
+  m.def("broadcast", [](shoal::GroupPtr g, py::buffer buf, int root) {
     Span s = writable(buf, "array");
     py::gil_scoped_release nogil;
-    shoal::broadcast(s.ptr, s.bytes, root);
+    g->broadcast(s.ptr, s.bytes, root);
   });
-  m.def("allgather", [](py::buffer send, py::buffer recv) {
+  m.def("allgather", [](shoal::GroupPtr g, py::buffer send, py::buffer recv) {
     Span in = writable(send, "array");
     Span out = writable(recv, "output");
-    const int size = shoal::topology().size;
+    const int size = g->topology().size;
     if (out.bytes != in.bytes * (std::size_t)size)
       throw shoal::Error(shoal::Error::Kind::Usage, "allgather output must hold size * input bytes");
     py::gil_scoped_release nogil;
-    shoal::allgather(in.ptr, out.ptr, in.bytes);
+    g->allgather(in.ptr, out.ptr, in.bytes);
   });
-  m.def("reduce", [](py::buffer buf, int dtype, int op, int root) {
+  m.def("reduce", [](shoal::GroupPtr g, py::buffer buf, int dtype, int op, int root) {
     Span s = writable(buf, "array");
     auto d = static_cast<shoal::DType>(dtype);
     std::size_t n = count_of(s, d);
     py::gil_scoped_release nogil;
-    shoal::reduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op), root);
+    g->reduce(s.ptr, n, d, static_cast<shoal::ReduceOp>(op), root);
   });
-  m.def("barrier", &shoal::barrier, py::call_guard<py::gil_scoped_release>());
-  m.def("flush", &shoal::flush);
+  m.def("barrier", [](shoal::GroupPtr g) {
+    py::gil_scoped_release nogil;
+    g->barrier();
+  });
+  m.def("flush", [](shoal::GroupPtr g) { g->flush(); });
   // The reduction kernel on local buffers, for testing its arithmetic.
   m.def("_reduce_local", [](py::buffer out, py::list sources, int dtype, int op, int divisor) {
     auto d = static_cast<shoal::DType>(dtype);

@@ -1,6 +1,9 @@
 // Configuration and rendezvous (see bootstrap.h).
 #include "bootstrap.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <numeric>
 
 #include "net.h"
 
@@ -81,93 +85,194 @@ Config Config::from_env() {
   c.depth = (int)env_int("SHOAL_SHM_DEPTH", 64, 2, 4096);
   c.single_copy_bytes = (std::size_t)env_int("SHOAL_SINGLE_COPY_BYTES", 2ll << 20, 0, 1ll << 50);
   c.batch_chunks = (uint64_t)env_int("SHOAL_INTERHOST_BATCH", 4, 1, 4096);
+  c.global_rank = c.rank;
   return c;
 }
 
-void Job::barrier(int timeout_ms) {
-  char token = 1;
-  if (topo.rank == 0) {
-    for (std::size_t r = 1; r < member_fds.size(); ++r)
-      net::recv_all(member_fds[r], &token, 1, (int)r, timeout_ms, "init barrier");
-    for (std::size_t r = 1; r < member_fds.size(); ++r)
-      net::send_all(member_fds[r], &token, 1, (int)r, timeout_ms, "init barrier");
-  } else {
-    net::send_all(master_fd, &token, 1, 0, timeout_ms, "init barrier");
-    net::recv_all(master_fd, &token, 1, 0, timeout_ms, "init barrier");
+Config Config::member(int rank, int size, int global_rank) const {
+  if (rank < 0 || rank >= size)
+    throw Error(Error::Kind::Usage, "group rank " + std::to_string(rank) + " must be in [0, " +
+                                        std::to_string(size - 1) + "]");
+  Config c = *this;
+  c.rank = rank, c.size = size, c.global_rank = global_rank;
+  return c;
+}
+
+// Connecting a UDP socket sends nothing; it only picks the route (and so the
+// local address) the kernel would use to reach MASTER_ADDR.
+std::string Config::reachable_address() const {
+  if (!interface.empty()) {
+    const std::string a = net::interface_address(interface);
+    if (a.empty())
+      throw Error(Error::Kind::Usage, "SHOAL_NETWORK_INTERFACE '" + interface +
+                                          "' has no IPv4 address on host " + host);
+    return a;
   }
+  const std::string target = net::resolve(master_addr);
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "127.0.0.1";
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(9);
+  inet_pton(AF_INET, target.c_str(), &sa.sin_addr);
+  std::string out = target;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char buf[INET_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof buf) != nullptr)
+      out = buf;
+  }
+  close(fd);
+  return out;
+}
+
+std::string contact_of(const std::string& addr, int port) { return addr + ":" + std::to_string(port); }
+
+void parse_contact(const std::string& contact, std::string& addr, int& port) {
+  const auto colon = contact.rfind(':');
+  char* end = nullptr;
+  const long p = colon == std::string::npos ? 0 : std::strtol(contact.c_str() + colon + 1, &end, 10);
+  if (colon == std::string::npos || colon == 0 || end == nullptr || *end != '\0' || p <= 0 || p > 65535)
+    throw Error(Error::Kind::Usage, "group rank 0's contact must be 'address:port' (got '" + contact + "')");
+  addr = contact.substr(0, colon);
+  port = (int)p;
+}
+
+// ---- the star at rank 0 -------------------------------------------------------
+
+namespace {
+
+void send_blob(int fd, const std::string& bytes, int peer, int t) {
+  const uint64_t n = bytes.size();
+  net::send_all(fd, &n, sizeof n, peer, t, "init");
+  if (n) net::send_all(fd, bytes.data(), n, peer, t, "init");
+}
+
+std::string recv_blob(int fd, int peer, int t) {
+  uint64_t n = 0;
+  net::recv_all(fd, &n, sizeof n, peer, t, "init");
+  if (n > (64u << 20)) throw Error(Error::Kind::System, "init: a malformed set-up message");
+  std::string out(n, '\0');
+  if (n) net::recv_all(fd, &out[0], n, peer, t, "init");
+  return out;
+}
+
+}  // namespace
+
+Bootstrap::Bootstrap(const Config& c, int listen_fd, const std::string& addr, int port) : cfg_(c) {
+  const int t = c.timeout_ms;
+  try {
+    if (c.rank != 0) {
+      master_fd_ = net::connect_to(addr, port, t);
+      const int32_t hello = c.rank;
+      net::send_all(master_fd_, &hello, sizeof hello, 0, t, "init");
+      return;
+    }
+    member_fds_.assign(c.size, -1);
+    for (int got = 1; got < c.size; ++got) {
+      int fd = net::accept_one(listen_fd, t);
+      if (fd < 0)
+        throw Error(Error::Kind::Timeout, "init: only " + std::to_string(got) + " of " +
+                                              std::to_string(c.size) +
+                                              " ranks connected within the timeout");
+      int32_t r = -1;
+      try {
+        net::recv_all(fd, &r, sizeof r, -1, t, "init");
+      } catch (...) {
+        net::close_fd(fd);
+        throw;
+      }
+      if (r <= 0 || r >= c.size || member_fds_[r] >= 0) {
+        net::close_fd(fd);
+        throw Error(Error::Kind::Usage, "init: unexpected rank " + std::to_string(r) +
+                                            " (ranks must be 0.." + std::to_string(c.size - 1) +
+                                            ", each once)");
+      }
+      member_fds_[r] = fd;
+    }
+  } catch (...) {
+    net::close_fd(listen_fd);
+    net::close_fd(master_fd_);
+    for (int fd : member_fds_) net::close_fd(fd);
+    throw;
+  }
+  net::close_fd(listen_fd);
+}
+
+Bootstrap::~Bootstrap() {
+  net::close_fd(master_fd_);
+  for (int fd : member_fds_) net::close_fd(fd);
+}
+
+std::vector<std::string> Bootstrap::allgather(const std::string& mine) {
+  const int t = cfg_.timeout_ms;
+  std::vector<std::string> all(cfg_.size);
+  if (cfg_.rank != 0) {
+    send_blob(master_fd_, mine, 0, t);
+    for (auto& one : all) one = recv_blob(master_fd_, 0, t);
+    return all;
+  }
+  all[0] = mine;
+  for (int r = 1; r < cfg_.size; ++r) all[r] = recv_blob(member_fds_[r], r, t);
+  for (int r = 1; r < cfg_.size; ++r)
+    for (const auto& one : all) send_blob(member_fds_[r], one, r, t);
+  return all;
+}
+
+std::string Bootstrap::local_address() const {
+  return master_fd_ >= 0 ? net::local_address(master_fd_) : std::string();
 }
 
 void Job::close_all() {
-  net::close_fd(master_fd);
-  master_fd = -1;
-  for (int& fd : member_fds) net::close_fd(fd), fd = -1;
   for (int& fd : mesh) net::close_fd(fd), fd = -1;
   for (int& fd : control) net::close_fd(fd), fd = -1;
 }
 
 namespace {
 
-// Rank 0 gathers every rank's record and sends the full table back.
-std::vector<RankRecord> exchange_table(const Config& c, Job& job, RankRecord mine,
-                                       int master_listen) {
+std::vector<RankRecord> exchange_table(const Config& c, Bootstrap& boot, const RankRecord& mine) {
+  const auto all = boot.allgather(std::string(reinterpret_cast<const char*>(&mine), sizeof mine));
   std::vector<RankRecord> table(c.size);
-  table[c.rank] = mine;
-  const int t = c.timeout_ms;
-  if (c.rank == 0) {
-    job.member_fds.assign(c.size, -1);
-    for (int got = 1; got < c.size; ++got) {
-      int fd = net::accept_one(master_listen, t);
-      if (fd < 0)
-        throw Error(Error::Kind::Timeout, "init: only " + std::to_string(got) + " of " +
-                                              std::to_string(c.size) +
-                                              " ranks connected within the timeout");
-      RankRecord rec;
-      net::recv_all(fd, &rec, sizeof rec, -1, t, "init");
-      if (rec.rank <= 0 || rec.rank >= c.size || job.member_fds[rec.rank] >= 0)
-        throw Error(Error::Kind::Usage, "init: unexpected rank " + std::to_string(rec.rank) +
-                                            " (ranks must be 0.." + std::to_string(c.size - 1) +
-                                            ", each once)");
-      job.member_fds[rec.rank] = fd;
-      table[rec.rank] = rec;
-    }
-    for (int r = 1; r < c.size; ++r)
-      net::send_all(job.member_fds[r], table.data(), sizeof(RankRecord) * c.size, r, t, "init");
-  } else {
-    job.master_fd = net::connect_to(c.master_addr, c.master_port, t);
-    if (mine.addr[0] == '\0')
-      copy_field(mine.addr, sizeof mine.addr, net::local_address(job.master_fd), "address");
-    net::send_all(job.master_fd, &mine, sizeof mine, 0, t, "init");
-    net::recv_all(job.master_fd, table.data(), sizeof(RankRecord) * c.size, 0, t, "init");
+  for (int r = 0; r < c.size; ++r) {
+    if (all[r].size() != sizeof(RankRecord))
+      throw Error(Error::Kind::Usage, "init: rank " + std::to_string(r) +
+                                          " runs a different Shoal build (record size)");
+    std::memcpy(&table[r], all[r].data(), sizeof(RankRecord));
   }
   return table;
 }
 
+// Ranks group into hosts by name. Hosts with different numbers of ranks (a
+// group that takes some ranks of each host) are cut into virtual hosts of the
+// greatest common size, so that every host of the algorithms has the same
+// number of local ranks; virtual hosts on one machine talk over TCP.
 void build_topology(const Config& c, Job& job) {
   std::map<std::string, int> index;
+  std::vector<std::vector<int>> hosts;
   for (int r = 0; r < c.size; ++r) {
-    std::string h = job.table[r].host;
-    auto it = index.find(h);
-    if (it == index.end()) {
-      it = index.emplace(h, (int)job.host_ranks.size()).first;
-      job.host_ranks.emplace_back();
-    }
-    job.host_ranks[it->second].push_back(r);
+    auto it = index.emplace(job.table[r].host, (int)hosts.size()).first;
+    if (it->second == (int)hosts.size()) hosts.emplace_back();
+    hosts[it->second].push_back(r);
   }
+  std::size_t g = 0;
+  for (const auto& h : hosts) g = std::gcd(g, h.size());
+  for (const auto& h : hosts)
+    for (std::size_t lo = 0; lo < h.size(); lo += g)
+      job.host_ranks.emplace_back(h.begin() + lo, h.begin() + lo + g);
   Topology& t = job.topo;
   t.rank = c.rank;
   t.size = c.size;
+  t.global_rank = c.global_rank;
   t.host = c.host;
-  t.host_index = index.at(c.host);
   t.num_hosts = (int)job.host_ranks.size();
-  const auto& mine = job.host_ranks[t.host_index];
-  t.local_size = (int)mine.size();
-  t.local_rank = (int)(std::find(mine.begin(), mine.end(), c.rank) - mine.begin());
-  for (const auto& h : job.host_ranks)
-    if ((int)h.size() != t.local_size)
-      throw Error(Error::Kind::Usage,
-                  "every host must run the same number of ranks (host '" +
-                      std::string(job.table[h[0]].host) + "' has " + std::to_string(h.size()) +
-                      ", host '" + c.host + "' has " + std::to_string(t.local_size) + ")");
+  t.local_size = (int)g;
+  for (int h = 0; h < t.num_hosts; ++h) {
+    const auto& ranks = job.host_ranks[h];
+    const auto it = std::find(ranks.begin(), ranks.end(), c.rank);
+    if (it != ranks.end()) t.host_index = h, t.local_rank = (int)(it - ranks.begin());
+  }
 }
 
 // Ranks with the same local rank on different hosts form a full mesh: the
@@ -183,7 +288,7 @@ void connect_mesh(const Config& c, Job& job, int data_listen) {
       int fd = net::connect_to(peer.addr, peer.port, c.timeout_ms);
       (channel == 0 ? job.mesh : job.control)[h] = fd;
       const int hello[2] = {t.host_index, channel};
-      net::send_all(fd, hello, sizeof hello, peer.rank, c.timeout_ms, "init");
+      net::send_all(fd, hello, sizeof hello, peer.global, c.timeout_ms, "init");
     }
   }
   for (int n = 2 * (t.num_hosts - 1 - t.host_index); n > 0; --n) {
@@ -210,37 +315,26 @@ void connect_mesh(const Config& c, Job& job, int data_listen) {
 
 }  // namespace
 
-Job rendezvous(const Config& c) {
+Job rendezvous(const Config& c, Bootstrap& boot, const std::string& advertised) {
   Job job;
-  std::string bind_addr;
-  if (!c.interface.empty()) {
-    bind_addr = net::interface_address(c.interface);
-    if (bind_addr.empty())
-      throw Error(Error::Kind::Usage, "SHOAL_NETWORK_INTERFACE '" + c.interface +
-                                          "' has no IPv4 address on host " + c.host);
-  }
-  int master_listen = -1;
-  if (c.rank == 0) master_listen = net::listen_on("", c.master_port, 1024);
+  const std::string bind_addr = c.interface.empty() ? std::string() : advertised;
   int data_listen = net::listen_on(bind_addr, 0, 1024);
   try {
     RankRecord mine{};
     mine.rank = c.rank;
+    mine.global = c.global_rank;
     mine.pid = (int)getpid();
     mine.port = net::bound_port(data_listen);
     copy_field(mine.host, sizeof mine.host, c.host, "SHOAL_HOST");
-    std::string advertised = bind_addr;
-    if (advertised.empty() && c.rank == 0) advertised = net::resolve(c.master_addr);
     copy_field(mine.addr, sizeof mine.addr, advertised, "address");
-    job.table = exchange_table(c, job, mine, master_listen);
+    job.table = exchange_table(c, boot, mine);
     build_topology(c, job);
     if (job.topo.num_hosts > 1) connect_mesh(c, job, data_listen);
   } catch (...) {
-    net::close_fd(master_listen);
     net::close_fd(data_listen);
     job.close_all();
     throw;
   }
-  net::close_fd(master_listen);
   net::close_fd(data_listen);
   return job;
 }

@@ -37,7 +37,7 @@ void Comm::broadcast(void* data, std::size_t bytes, int root) {
     if (t.num_hosts > 1 && t.local_rank == local_root) {
       std::vector<net::Transfer> xfer;
       for (int h = 0; h < t.num_hosts; ++h) {
-        const int peer = job_.host_ranks[h][local_root];
+        const int peer = job_.global(job_.host_ranks[h][local_root]);
         if (cfg_.rank == root && h != root_host)
           xfer.push_back({job_.mesh[h], base + lo, n, true, peer});
         else if (cfg_.rank != root && h == root_host)

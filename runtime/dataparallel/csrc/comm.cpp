@@ -4,9 +4,14 @@
 #include "comm.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstring>
@@ -18,50 +23,51 @@ namespace shoal {
 
 namespace {
 
-std::string shm_name(const Config& c, int epoch) {
-  std::string raw = "shoal-" + c.job_id + "-" + c.host + "-" + std::to_string(epoch);
+// Unique on the machine while its creator lives (pid, and a counter for the
+// creator's communicators); unlinked as soon as every local rank mapped it.
+std::string segment_name(const Config& c) {
+  static std::atomic<uint64_t> serial{0};
+  std::string raw = "shoal-" + c.job_id.substr(0, 64) + "-" + std::to_string(getpid()) + "-" +
+                    std::to_string(serial++);
   std::string name = "/";
   for (char ch : raw) name += std::isalnum((unsigned char)ch) || ch == '-' ? ch : '_';
-  return name.substr(0, 250);
+  return name;
 }
 
 // How long a rank whose data connection dropped waits for the peer's notice:
 // a failing peer sends it before it exits, so it is normally already there.
 constexpr int kNoticeWaitMs = 1000;
-// How long a silent close is tolerated while this rank waits on its own host.
-// A peer that leaves without shutdown() (os._exit) after its last collective
-// looks like a death; the local ranks that still finish that collective need
-// no more than a scheduling delay.
-constexpr auto kSilentCloseGrace = std::chrono::milliseconds(1000);
-
 
 }  // namespace
 
-Comm::Comm(const Config& config, int epoch) : cfg_(config) {
+Comm::Comm(const Config& config, Bootstrap* boot, const std::string& advertised) : cfg_(config) {
   if (cfg_.size == 1) {
     job_.topo.host = cfg_.host;
+    job_.topo.global_rank = cfg_.global_rank;
     return;
   }
-  job_ = rendezvous(cfg_);
+  job_ = rendezvous(cfg_, *boot, advertised);
   try {
     const Topology& t = job_.topo;
     std::vector<LocalPeer> peers;
-    for (int r : job_.host_ranks[t.host_index]) peers.push_back({r, job_.table[r].pid});
-    const std::string name = shm_name(cfg_, epoch);
+    for (int r : job_.host_ranks[t.host_index]) peers.push_back({job_.global(r), job_.table[r].pid});
+    // Each host's local rank 0 creates its segment and names it to the others.
+    const std::string mine = t.local_rank == 0 ? segment_name(cfg_) : std::string();
     if (t.local_rank == 0)
-      seg_ = std::make_unique<HostSegment>(name, true, 0, peers, cfg_.chunk_bytes, cfg_.depth, cfg_.timeout_ms);
-    job_.barrier(cfg_.timeout_ms);
+      seg_ = std::make_unique<HostSegment>(mine, true, 0, peers, cfg_.chunk_bytes, cfg_.depth, cfg_.timeout_ms);
+    const auto names = boot->allgather(mine);
     if (t.local_rank != 0)
-      seg_ = std::make_unique<HostSegment>(name, false, t.local_rank, peers, cfg_.chunk_bytes,
-                                           cfg_.depth, cfg_.timeout_ms);
-    job_.barrier(cfg_.timeout_ms);
+      seg_ = std::make_unique<HostSegment>(names[job_.host_ranks[t.host_index][0]], false,
+                                           t.local_rank, peers, cfg_.chunk_bytes, cfg_.depth,
+                                           cfg_.timeout_ms);
+    boot->barrier();
     if (t.local_rank == 0) seg_->unlink();
     // Single copy only if every local rank can read its peers (containers may forbid it).
     probe_word_ = 0x5348304C50524F42ull;
     seg_->set_address(reinterpret_cast<uint64_t>(&probe_word_));
-    job_.barrier(cfg_.timeout_ms);
+    boot->barrier();
     seg_->set_can_read(probe_single_copy());
-    job_.barrier(cfg_.timeout_ms);
+    boot->barrier();
     // Large messages read peers directly, on one host and across hosts alike.
     single_copy_ = cfg_.single_copy_bytes > 0;
     for (int j = 0; j < t.local_size; ++j) single_copy_ = single_copy_ && seg_->can_read(j);
@@ -70,24 +76,37 @@ Comm::Comm(const Config& config, int epoch) : cfg_(config) {
     job_.close_all();
     throw;
   }
-  // The rendezvous connections are only needed for setup.
-  net::close_fd(job_.master_fd);
-  job_.master_fd = -1;
-  for (int& fd : job_.member_fds) net::close_fd(fd), fd = -1;
   for (std::size_t h = 0; h < job_.control.size(); ++h)
-    control_.emplace_back(job_.control[h], job_.host_ranks[h][job_.topo.local_rank]);
-  if (!control_.empty()) seg_->set_watch([this] { watch_peers(); });
+    control_.emplace_back(job_.control[h], job_.global(job_.host_ranks[h][job_.topo.local_rank]));
+  if (job_.topo.num_hosts > 1) {
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) {
+      job_.close_all();
+      throw Error(Error::Kind::System, std::string("eventfd: ") + std::strerror(errno));
+    }
+    watcher_ = std::thread([this] { watch_peers(); });
+  }
 }
 
 Comm::~Comm() {
+  stop_watching();
   // Peers on other hosts tell a clean shutdown from a death by this.
   for (const net::Control& c : control_) net::send_goodbye(c.fd());
   job_.close_all();
 }
 
+void Comm::stop_watching() {
+  if (!watcher_.joinable()) return;
+  const uint64_t one = 1;
+  if (write(wake_fd_, &one, sizeof one) < 0) {}  // an eventfd write only fails on overflow
+  watcher_.join();
+  net::close_fd(wake_fd_);
+  wake_fd_ = -1;
+}
+
 Error Comm::fail(const Error& seen) {
   if (!seg_) return seen;
-  const int me = job_.topo.rank;
+  const int me = cfg_.global_rank;
   Failure verdict;
   if (!seg_->failure(verdict)) {
     const Failure mine = root_cause(seen);
@@ -108,40 +127,49 @@ Error Comm::fail(const Error& seen) {
 
 // A lost data connection or a timeout naming my peer on another host may be
 // the echo of an earlier failure there: the peer then said why on the control
-// connection before it exited. A killed peer closes both without a word, and
-// then it is the root cause itself.
+// connection before it exited, and the notice thread published it here. A
+// killed peer closes both without a word, and then it is the root cause itself.
 Failure Comm::root_cause(const Error& seen) {
-  Failure mine = Failure::of(seen, job_.topo.rank);
+  Failure mine = Failure::of(seen, cfg_.global_rank);
   const bool lost = seen.kind() == Error::Kind::PeerLost;
   if (!lost && seen.kind() != Error::Kind::Timeout) return mine;
-  for (net::Control& c : control_) {
-    if (c.fd() < 0) continue;
+  bool remote = false;
+  for (const net::Control& c : control_) {
     const auto& r = seen.ranks();
-    const bool named = std::find(r.begin(), r.end(), c.peer()) != r.end();
-    // A local rank seen dead is a root cause: nothing to ask the other hosts.
-    if (lost && !named) continue;
-    c.receive(lost ? std::min(cfg_.timeout_ms, kNoticeWaitMs) : 0);
-    if (c.failure()) return *c.failure();
+    remote = remote || std::find(r.begin(), r.end(), c.peer()) != r.end();
   }
+  // A local rank seen dead is a root cause: nothing to hear from the other hosts.
+  if (!remote) return mine;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::milliseconds(lost ? std::min(cfg_.timeout_ms, kNoticeWaitMs) : 0);
+  Failure heard;
+  do {
+    if (seg_->failure(heard)) return heard;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  } while (std::chrono::steady_clock::now() < until);
   return mine;
 }
 
-// Runs while this rank waits, in shared memory or on TCP (through
-// HostSegment::check_abort): a failure on another host reaches this host even
-// when no local rank is talking to that host at the time.
+// Whether a peer that closes its connections without a word died or had
+// completed its part is left to the ranks that need its bytes (their data
+// connection reports it) and to its own host (which sees its counters): a
+// rank that sent its part of the last collective and exited (os._exit, no
+// goodbye) has completed it.
 void Comm::watch_peers() {
-  for (net::Control& c : control_) {
-    if (c.fd() < 0) continue;
-    c.receive(0);
-    if (c.failure()) {
-      seg_->abort(*c.failure());
-    } else if (c.closed() && !c.goodbye() &&
-               std::chrono::steady_clock::now() - c.closed_at() > kSilentCloseGrace) {
-      const int p = c.peer();
-      seg_->abort({Error::Kind::PeerLost, {p},
-                   "connection to rank " + std::to_string(p) + " on host '" +
-                       job_.table[p].host + "' lost (its process exited)",
-                   job_.topo.rank});
+  for (;;) {
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+    std::vector<net::Control*> watched;
+    for (net::Control& c : control_) {
+      if (c.fd() < 0 || c.closed() || c.failure()) continue;
+      fds.push_back({c.fd(), POLLIN, 0});
+      watched.push_back(&c);
+    }
+    if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+    if (fds[0].revents != 0) return;
+    for (std::size_t i = 0; i < watched.size(); ++i) {
+      if (fds[i + 1].revents == 0) continue;
+      watched[i]->receive(0);
+      if (watched[i]->failure()) seg_->abort(*watched[i]->failure());
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bootstrap.h"
@@ -17,7 +18,9 @@ namespace shoal {
 
 class Comm {
  public:
-  Comm(const Config& config, int epoch);
+  // Builds the communicator over `boot` (nullptr for a single rank);
+  // `advertised`: where peers on other hosts reach this rank.
+  Comm(const Config& config, Bootstrap* boot, const std::string& advertised);
   ~Comm();
   const Topology& topo() const { return job_.topo; }
   const Config& config() const { return cfg_; }
@@ -70,11 +73,17 @@ class Comm {
                   const std::string& name);
 
   Failure root_cause(const Error& seen);
+  // The notice thread: the only reader of the control connections. It
+  // publishes a peer's failure notice on this host at once, whatever the
+  // local ranks are doing (inside a collective, or between two).
   void watch_peers();
+  void stop_watching();
 
   Config cfg_;
   Job job_;
   std::vector<net::Control> control_;  // per host index: notices from my peer there
+  std::thread watcher_;
+  int wake_fd_ = -1;  // eventfd: ends the notice thread
   std::unique_ptr<HostSegment> seg_;
   uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin
   std::vector<uint64_t> last_use_;  // per slot set: the last chunk that used it

@@ -1,15 +1,17 @@
-// The process-wide core state behind shoal/core.h: one communicator, one
-// queue of collectives in program order, and the background thread that packs
-// queued allreduces into fusion buffers and executes them, so that reduction
-// overlaps the framework's backward pass.
+// The communicators behind shoal/core.h: each one (the world, every group) is
+// an Engine: its Comm, one queue of collectives in program order, and the
+// background thread that packs queued allreduces into fusion buffers and
+// executes them, so that reduction overlaps the framework's backward pass.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
 #include "comm.h"
+#include "net.h"
 #include "shoal/core.h"
 
 namespace shoal {
@@ -49,13 +51,23 @@ class WorkImpl : public Work {
     return done_;
   }
   void wait() override;
+  void when_done(std::function<void()> callback) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!done_) return callbacks_.push_back(std::move(callback));
+    }
+    callback();
+  }
   void finish(std::exception_ptr error) {
+    std::vector<std::function<void()>> callbacks;
     {
       std::lock_guard<std::mutex> lk(mu_);
       done_ = true;
       error_ = std::move(error);
+      callbacks.swap(callbacks_);
     }
     cv_.notify_all();
+    for (auto& callback : callbacks) callback();
   }
 
  private:
@@ -64,6 +76,7 @@ class WorkImpl : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::vector<std::function<void()>> callbacks_;
 };
 
 enum class Kind { AllReduce, Broadcast, AllGather, Reduce, Barrier };
@@ -81,18 +94,60 @@ struct Item {
   std::size_t bytes() const { return count * dtype_size(dtype); }
 };
 
-class Engine : public std::enable_shared_from_this<Engine> {
+class Engine : public Group, public std::enable_shared_from_this<Engine> {
  public:
-  Engine(const Config& cfg, int epoch) : comm_(cfg, epoch), threshold_(cfg.fusion_bytes) {}
-  ~Engine() { stop(); }
+  Engine(const Config& cfg, Bootstrap* boot, const std::string& advertised)
+      : comm_(std::make_unique<Comm>(cfg, boot, advertised)), topo_(comm_->topo()),
+        threshold_(cfg.fusion_bytes) {}
+  ~Engine() override { destroy(); }
 
   void start() { worker_ = std::thread([this] { loop(); }); }
-  const Topology& topo() const { return comm_.topo(); }
+  const Topology& topology() const override { return topo_; }
+
+  WorkPtr allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) override {
+    return submit(allreduce_item(data, count, dtype, op));
+  }
+  void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) override {
+    run(allreduce_item(data, count, dtype, op));
+  }
+  WorkPtr broadcast_async(void* data, std::size_t bytes, int root) override {
+    return submit(broadcast_item(data, bytes, root));
+  }
+  void broadcast(void* data, std::size_t bytes, int root) override {
+    run(broadcast_item(data, bytes, root));
+  }
+  WorkPtr allgather_async(const void* send, void* recv, std::size_t bytes_per_rank) override {
+    return submit(allgather_item(send, recv, bytes_per_rank));
+  }
+  void allgather(const void* send, void* recv, std::size_t bytes_per_rank) override {
+    run(allgather_item(send, recv, bytes_per_rank));
+  }
+  WorkPtr reduce_async(void* data, std::size_t count, DType dtype, ReduceOp op, int root) override {
+    return submit(reduce_item(data, count, dtype, op, root));
+  }
+  void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) override {
+    run(reduce_item(data, count, dtype, op, root));
+  }
+  void barrier() override { run(Item{Kind::Barrier}); }
+
+  bool idle() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    return queue_.empty() && !busy_ && !broken_;
+  }
+
+  void destroy() override {
+    stop();
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!destroyed_) destroyed_ = std::make_exception_ptr(
+        Error(Error::Kind::Usage, "this shoal communicator was destroyed"));
+    comm_.reset();
+  }
 
   WorkPtr submit(Item item) {
     item.work = std::make_shared<WorkImpl>(weak_from_this());
     WorkPtr handle = item.work;
     std::lock_guard<std::mutex> lk(mu_);
+    if (destroyed_) std::rethrow_exception(destroyed_);
     if (broken_) {
       item.work->finish(broken_);
       return handle;
@@ -106,6 +161,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // (no hand-off latency for small messages); otherwise after the queue.
   void run(Item item) {
     std::unique_lock<std::mutex> lk(mu_);
+    if (destroyed_) std::rethrow_exception(destroyed_);
     if (broken_) std::rethrow_exception(broken_);
     if (queue_.empty() && !busy_) {
       busy_ = true;
@@ -125,7 +181,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   // Closes the open fusion buffer: a cut after the last call issued so far.
-  void flush() {
+  void flush() override {
     std::lock_guard<std::mutex> lk(mu_);
     if (!queue_.empty()) queue_.back().flush_after = true;
     cv_.notify_all();
@@ -212,7 +268,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
       if (e.kind() == Error::Kind::Usage) return std::current_exception();
       // A peer failed or vanished: report the root cause this host agrees
       // on, tell the local ranks and the other hosts, fail what is queued.
-      std::exception_ptr error = std::make_exception_ptr(comm_.fail(e));
+      std::exception_ptr error = std::make_exception_ptr(comm_->fail(e));
       std::deque<Item> dropped;
       {
         std::lock_guard<std::mutex> lk(mu_);
@@ -228,15 +284,46 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   void execute(const Item& it) {
     switch (it.kind) {
-      case Kind::AllReduce: return comm_.allreduce(it.data, it.count, it.dtype, it.op, "allreduce");
-      case Kind::Broadcast: return comm_.broadcast(it.data, it.count, it.root);
-      case Kind::AllGather: return comm_.allgather(it.send, it.data, it.count);
-      case Kind::Reduce: return comm_.reduce(it.data, it.count, it.dtype, it.op, it.root);
-      case Kind::Barrier: return comm_.barrier();
+      case Kind::AllReduce: return comm_->allreduce(it.data, it.count, it.dtype, it.op, "allreduce");
+      case Kind::Broadcast: return comm_->broadcast(it.data, it.count, it.root);
+      case Kind::AllGather: return comm_->allgather(it.send, it.data, it.count);
+      case Kind::Reduce: return comm_->reduce(it.data, it.count, it.dtype, it.op, it.root);
+      case Kind::Barrier: return comm_->barrier();
     }
   }
 
-  Comm comm_;
+  void check_root(int root, const char* name) const {
+    if (root < 0 || root >= topo_.size)
+      throw Error(Error::Kind::Usage, std::string(name) + ": root must be in [0, " +
+                                          std::to_string(topo_.size - 1) + "] (got " +
+                                          std::to_string(root) + ")");
+  }
+  static Item allreduce_item(void* data, std::size_t count, DType dtype, ReduceOp op) {
+    Item it{Kind::AllReduce};
+    it.data = data, it.count = count, it.dtype = dtype, it.op = op;
+    return it;
+  }
+  Item broadcast_item(void* data, std::size_t bytes, int root) const {
+    check_root(root, "broadcast");
+    Item it{Kind::Broadcast};
+    it.data = data, it.count = bytes, it.root = root;
+    return it;
+  }
+  static Item allgather_item(const void* send, void* recv, std::size_t bytes) {
+    Item it{Kind::AllGather};
+    it.send = send, it.data = recv, it.count = bytes;
+    return it;
+  }
+  Item reduce_item(void* data, std::size_t count, DType dtype, ReduceOp op, int root) const {
+    check_root(root, "reduce");
+    Item it{Kind::Reduce};
+    it.data = data, it.count = count, it.dtype = dtype, it.op = op, it.root = root;
+    return it;
+  }
+
+  std::unique_ptr<Comm> comm_;
+  Topology topo_;
+  std::exception_ptr destroyed_;
   std::size_t threshold_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -262,9 +349,56 @@ void WorkImpl::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
+// ---- creating communicators --------------------------------------------------
+
+std::string advertise(const Config& c, const Bootstrap& boot) {
+  if (c.rank == 0 || !c.interface.empty()) return c.reachable_address();
+  return boot.local_address();  // the address that reached rank 0
+}
+
+// Rank 0 listens first (`listen_fd`, bound), so its contact is never stale.
+std::shared_ptr<Engine> start_engine(const Config& c, int listen_fd, const std::string& addr,
+                                     int port) {
+  std::shared_ptr<Engine> e;
+  if (c.size == 1) {
+    net::close_fd(listen_fd);
+    e = std::make_shared<Engine>(c, nullptr, std::string());
+  } else {
+    Bootstrap boot(c, listen_fd, addr, port);
+    e = std::make_shared<Engine>(c, &boot, advertise(c, boot));
+  }
+  e->start();
+  return e;
+}
+
+// `share` is called on every member, even alone: new_group's non-members take
+// part in the parent's broadcast that carries the contact.
+std::shared_ptr<Engine> start_shared(const Config& c, const Share& share) {
+  if (c.size == 1) {
+    share("-");
+    return start_engine(c, -1, "", 0);
+  }
+  int listen_fd = -1;
+  std::string contact;
+  if (c.rank == 0) {
+    const std::string addr = c.reachable_address();
+    listen_fd = net::listen_on(c.interface.empty() ? std::string() : addr, 0, 1024);
+    contact = contact_of(addr, net::bound_port(listen_fd));
+  }
+  std::string addr;
+  int port = 0;
+  try {
+    contact = share(contact);
+    parse_contact(contact, addr, port);
+  } catch (...) {
+    net::close_fd(listen_fd);
+    throw;
+  }
+  return start_engine(c, listen_fd, addr, port);
+}
+
 std::mutex g_mu;
 std::shared_ptr<Engine> g_engine;
-int g_epoch = 0;
 
 std::shared_ptr<Engine> engine() {
   std::lock_guard<std::mutex> lk(g_mu);
@@ -272,23 +406,22 @@ std::shared_ptr<Engine> engine() {
   return g_engine;
 }
 
-void check_root(int root, const char* name) {
-  const int size = engine()->topo().size;
-  if (root < 0 || root >= size)
-    throw Error(Error::Kind::Usage, std::string(name) + ": root must be in [0, " +
-                                        std::to_string(size - 1) + "] (got " + std::to_string(root) + ")");
-}
-
 }  // namespace
 
 const Topology& init() {
   std::lock_guard<std::mutex> lk(g_mu);
   if (!g_engine) {
-    auto e = std::make_shared<Engine>(Config::from_env(), g_epoch++);
-    e->start();
-    g_engine = std::move(e);
+    const Config c = Config::from_env();
+    const int listen_fd = c.rank == 0 && c.size > 1 ? net::listen_on("", c.master_port, 1024) : -1;
+    g_engine = start_engine(c, listen_fd, c.master_addr, c.master_port);
   }
-  return g_engine->topo();
+  return g_engine->topology();
+}
+
+const Topology& init_from(int rank, int size, const Share& share) {
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (!g_engine) g_engine = start_shared(Config::from_env().member(rank, size, rank), share);
+  return g_engine->topology();
 }
 
 bool is_initialized() {
@@ -296,7 +429,9 @@ bool is_initialized() {
   return g_engine != nullptr;
 }
 
-const Topology& topology() { return engine()->topo(); }
+const Topology& topology() { return engine()->topology(); }
+
+GroupPtr world() { return engine(); }
 
 void shutdown() {
   std::shared_ptr<Engine> e;
@@ -304,59 +439,65 @@ void shutdown() {
     std::lock_guard<std::mutex> lk(g_mu);
     e.swap(g_engine);
   }
-  if (e) e->stop();
+  if (e) e->destroy();
+}
+
+GroupPtr create_group(int rank, int size, int global_rank, const Share& share) {
+  return start_shared(Config::from_env().member(rank, size, global_rank), share);
+}
+
+GroupPtr new_group(const GroupPtr& parent, const std::vector<int>& ranks) {
+  const Topology& pt = parent->topology();
+  std::vector<bool> seen(pt.size, false);
+  int mine = -1;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= pt.size || seen[r])
+      throw Error(Error::Kind::Usage, "new_group: ranks must be unique and in [0, " +
+                                          std::to_string(pt.size - 1) + "] (got " +
+                                          std::to_string(r) + ")");
+    seen[r] = true;
+    if (r == pt.rank) mine = (int)i;
+  }
+  if (ranks.empty()) throw Error(Error::Kind::Usage, "new_group: no ranks");
+  // Group rank 0's contact travels as a broadcast on the parent, which every
+  // parent rank joins; members then set up among themselves.
+  char contact[192] = {0};
+  auto share = [&](const std::string& mine_contact) {
+    std::strncpy(contact, mine_contact.c_str(), sizeof contact - 1);
+    parent->broadcast(contact, sizeof contact, ranks[0]);
+    return std::string(contact);
+  };
+  if (mine < 0) {
+    share(std::string());
+    return nullptr;
+  }
+  return create_group(mine, (int)ranks.size(), pt.global_rank, share);
 }
 
 WorkPtr allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) {
-  Item it{Kind::AllReduce};
-  it.data = data, it.count = count, it.dtype = dtype, it.op = op;
-  return engine()->submit(std::move(it));
+  return engine()->allreduce_async(data, count, dtype, op);
 }
-
 void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
-  Item it{Kind::AllReduce};
-  it.data = data, it.count = count, it.dtype = dtype, it.op = op;
-  engine()->run(std::move(it));
-}
-
-static Item broadcast_item(void* data, std::size_t bytes, int root) {
-  check_root(root, "broadcast");
-  Item it{Kind::Broadcast};
-  it.data = data, it.count = bytes, it.root = root;
-  return it;
+  engine()->allreduce(data, count, dtype, op);
 }
 WorkPtr broadcast_async(void* data, std::size_t bytes, int root) {
-  return engine()->submit(broadcast_item(data, bytes, root));
+  return engine()->broadcast_async(data, bytes, root);
 }
-void broadcast(void* data, std::size_t bytes, int root) { engine()->run(broadcast_item(data, bytes, root)); }
-
-static Item allgather_item(const void* send, void* recv, std::size_t bytes) {
-  Item it{Kind::AllGather};
-  it.send = send, it.data = recv, it.count = bytes;
-  return it;
-}
+void broadcast(void* data, std::size_t bytes, int root) { engine()->broadcast(data, bytes, root); }
 WorkPtr allgather_async(const void* send, void* recv, std::size_t bytes_per_rank) {
-  return engine()->submit(allgather_item(send, recv, bytes_per_rank));
+  return engine()->allgather_async(send, recv, bytes_per_rank);
 }
 void allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
-  engine()->run(allgather_item(send, recv, bytes_per_rank));
-}
-
-static Item reduce_item(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
-  check_root(root, "reduce");
-  Item it{Kind::Reduce};
-  it.data = data, it.count = count, it.dtype = dtype, it.op = op, it.root = root;
-  return it;
+  engine()->allgather(send, recv, bytes_per_rank);
 }
 WorkPtr reduce_async(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
-  return engine()->submit(reduce_item(data, count, dtype, op, root));
+  return engine()->reduce_async(data, count, dtype, op, root);
 }
 void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
-  engine()->run(reduce_item(data, count, dtype, op, root));
+  engine()->reduce(data, count, dtype, op, root);
 }
-
-void barrier() { engine()->run(Item{Kind::Barrier}); }
-
+void barrier() { engine()->barrier(); }
 void flush() { engine()->flush(); }
 
 }  // namespace shoal

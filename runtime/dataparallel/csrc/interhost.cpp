@@ -21,7 +21,7 @@ void Comm::exchange_whole(char* buf, std::size_t n, DType dtype, ReduceOp op, in
   for (int h = 0; h < H; ++h) {
     srcs[h] = h == me ? static_cast<const void*>(buf) : scratch_.data() + h * bytes;
     if (h == me) continue;
-    const int peer = job_.host_ranks[h][t.local_rank];
+    const int peer = job_.global(job_.host_ranks[h][t.local_rank]);
     xfer.push_back({job_.mesh[h], buf, bytes, true, peer});
     xfer.push_back({job_.mesh[h], scratch_.data() + h * bytes, bytes, false, peer});
   }
@@ -36,7 +36,7 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
   const std::size_t es = dtype_size(dtype);
   out_.resize(H);
   in_.resize(H);
-  auto peer = [&](int h) { return job_.host_ranks[h][t.local_rank]; };
+  auto peer = [&](int h) { return job_.global(job_.host_ranks[h][t.local_rank]); };
   auto bytes_of = [&](int h) {
     std::size_t b = 0;
     for (const Slice& s : slices) b += part(s.count, H, h, es).size() * es;

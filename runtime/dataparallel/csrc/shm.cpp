@@ -203,13 +203,6 @@ bool HostSegment::failure(Failure& out) const {
 }
 
 void HostSegment::check_abort() const {
-  if (watch_) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_watch_ > std::chrono::milliseconds(100)) {
-      last_watch_ = now;
-      watch_();
-    }
-  }
   Failure f;
   if (failure(f)) throw f.error(peers_[local_rank_].global_rank);
 }
@@ -228,9 +221,12 @@ void HostSegment::abort(const Failure& f) {
   futex(&ctl_->futex_word, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
-void HostSegment::check_liveness(const std::vector<int>& lagging, const std::string& op) const {
+void HostSegment::check_liveness(const std::vector<int>& lagging, const std::string& op,
+                                 uint32_t seen) const {
   for (int i : lagging) {
-    if (process_gone(peers_[i].pid)) {
+    // A rank publishes before it exits: the version is read after its death was
+    // seen, so a change means it published after `lagging` was computed.
+    if (process_gone(peers_[i].pid) && version() == seen) {
       const int r = peers_[i].global_rank;
       throw Error(Error::Kind::PeerLost,
                   op + ": rank " + std::to_string(r) + " (pid " + std::to_string(peers_[i].pid) +
@@ -260,10 +256,14 @@ void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
   }
   ctl_->waiters.fetch_sub(1);
   check_abort();
+  // `lagging` was computed before `seen`'s counters moved: once any rank
+  // published, it may be stale, and a rank that published its last part and
+  // exited has completed, not died. The caller recomputes it.
+  if (version() != seen) return;
   const auto now = std::chrono::steady_clock::now();
   if (now - last_liveness_ > std::chrono::milliseconds(200)) {
     last_liveness_ = now;
-    check_liveness(lagging, op);
+    check_liveness(lagging, op, seen);
   }
   if (now - since > std::chrono::milliseconds(timeout_ms_)) {
     std::vector<int> missing;

@@ -66,12 +66,12 @@ class HostSegment {
   void abort(const Failure& failure);
   // The failure published on this host, if any.
   bool failure(Failure& out) const;
-  // Throws the published failure. Runs the watch first (at most every
-  // 100 ms): a failure found there (from another host) is published before.
+  // Throws the published failure (from a local rank, or from another host
+  // through the communicator's notice thread).
   void check_abort() const;
-  void set_watch(std::function<void()> watch) { watch_ = std::move(watch); }
-  // Throws PeerLost naming the first of `locals` (local ranks) that is gone.
-  void check_liveness(const std::vector<int>& locals, const std::string& op) const;
+  // Throws PeerLost naming the first of `locals` (local ranks) that is gone,
+  // unless the version moved from `seen` (`locals` may be stale then).
+  void check_liveness(const std::vector<int>& locals, const std::string& op, uint32_t seen) const;
 
  private:
   struct Control;
@@ -88,8 +88,6 @@ class HostSegment {
   Control* ctl_ = nullptr;
   char* data_ = nullptr;
   std::chrono::steady_clock::time_point last_liveness_{};
-  std::function<void()> watch_;
-  mutable std::chrono::steady_clock::time_point last_watch_{};
 };
 
 }  // namespace shoal

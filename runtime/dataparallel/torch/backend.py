@@ -17,21 +17,17 @@ ALIASES = ("smddp",)
 
 
 def create_process_group(store, rank: int, size: int, timeout, ranks=()):
-    """torch's creator for backend ``shoal``: start the core if needed, return the
-    c10d Backend bound to it (``createProcessGroupShoal(store, rank, size, timeout)``).
-
-    ``ranks`` are the group's global ranks (none: the world). The core's communicator
-    spans the world, so a group of fewer ranks gets a Backend whose collectives fail,
-    naming the call; the core is not started for it."""
-    from . import rendezvous
+    """torch's creator for backend ``shoal``: a c10d Backend on a communicator of its own,
+    set up through the group's ``store`` (``createProcessGroupShoal(store, rank, size,
+    timeout)``). ``ranks`` are the group's global ranks (none: the world). The first
+    world-sized group runs on the core's world communicator, started here unless the
+    module API started it."""
     from .build import load_extension
 
     extension = load_extension()
     _drain_at_exit(extension)
-    if ranks and len(ranks) != torch_dist.get_world_size():
-        return extension.create_subgroup_backend(rank, list(ranks), torch_dist.get_world_size())
-    rendezvous.start_core_through_store(store, rank)
-    return extension.create_backend(rank, size)
+    world = torch_dist.get_world_size() if torch_dist.is_initialized() else size
+    return extension.create_backend(store, rank, size, [int(r) for r in ranks], world)
 
 
 _draining: list = []

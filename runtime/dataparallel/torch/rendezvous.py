@@ -1,21 +1,20 @@
 """How torch's store and Shoal's collective core find their peers without colliding.
 
-Both rendezvous at ``MASTER_ADDR``: the core bootstraps over TCP on ``MASTER_PORT`` and
-torch's ``TCPStore`` wants a port too, so whichever starts second gets a fresh port that
-rank 0 picks and publishes through the one already running:
+No port is chosen by one process and bound later by another (another process may take it
+in between):
 
+- ``torch.distributed.init_process_group(backend="shoal")``, whatever its init method, starts
+  torch's store first; the backend's creator then sets up each group's communicator through
+  that store (group rank 0 binds a port, then publishes it there);
 - the module API (``init_process_group()``) starts the core first (it works under a plain
-  ``mpirun`` too, where no ``MASTER_PORT`` exists) and broadcasts the store's port with it;
-- ``torch.distributed.init_process_group(backend="shoal")`` starts torch's store first, and
-  the backend's creator publishes the core's port through that store.
+  ``mpirun`` too, where only the launcher's ``MASTER_PORT`` exists); rank 0 starts torch's
+  ``TCPStore`` on a port the kernel picks and broadcasts it with the core.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
-import socket
 from collections.abc import Mapping
 
 import numpy as np
@@ -23,7 +22,6 @@ from shoal.errors import ValidationError
 
 from .environment import RankEnvironment
 
-CORE_PORT_KEY = "shoal/core_port"
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
@@ -39,13 +37,6 @@ def collective_timeout(environ: Mapping[str, str] = os.environ) -> datetime.time
     if seconds <= 0:
         raise ValidationError(f"'SHOAL_COLLECTIVE_TIMEOUT' must be > 0 (got {raw})")
     return datetime.timedelta(seconds=seconds)
-
-
-def free_port(host: str = "") -> int:
-    """A TCP port nobody listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def core():
@@ -68,41 +59,21 @@ def local_placement(env: RankEnvironment) -> tuple[int, int]:
 
 
 def create_store(env: RankEnvironment, environ: Mapping[str, str], timeout):
-    """Start the core, then torch's TCPStore on a port rank 0 broadcasts through the core."""
+    """Start the core, then torch's TCPStore: rank 0's on a port the kernel picks, which
+    the core broadcasts to the others."""
     import torch.distributed as torch_dist
 
     core().init()
-    port = np.array([free_port() if env.rank == 0 else 0], dtype=np.int64)
+    store = None
+    if env.rank == 0:
+        store = torch_dist.TCPStore(
+            env.master_addr, 0, env.world_size, is_master=True, timeout=timeout,
+            wait_for_workers=False,
+        )
+    port = np.array([store.port if store is not None else 0], dtype=np.int64)
     core().broadcast(port, 0)
+    if store is not None:
+        return store
     return torch_dist.TCPStore(
-        env.master_addr,
-        int(port[0]),
-        env.world_size,
-        is_master=env.rank == 0,
-        timeout=timeout,
+        env.master_addr, int(port[0]), env.world_size, is_master=False, timeout=timeout
     )
-
-
-@contextlib.contextmanager
-def _master_port(port: int):
-    previous = os.environ.get("MASTER_PORT")
-    os.environ["MASTER_PORT"] = str(port)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("MASTER_PORT", None)
-        else:
-            os.environ["MASTER_PORT"] = previous
-
-
-def start_core_through_store(store, rank: int) -> None:
-    """Start the core on a port rank 0 publishes in torch's store (the store holds
-    ``MASTER_PORT`` already). Does nothing if the core already runs."""
-    if core_is_initialized():
-        return
-    if rank == 0:
-        store.set(CORE_PORT_KEY, str(free_port()))
-    port = int(store.get(CORE_PORT_KEY).decode())
-    with _master_port(port):
-        core().init()

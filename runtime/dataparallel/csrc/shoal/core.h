@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -57,11 +58,14 @@ std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
 const char* op_name(ReduceOp op);
 
-// Where this process sits in the job. Hosts are numbered in order of their
-// lowest global rank; local ranks in order of global rank within a host.
+// Where this process sits in a communicator (the world or a group). Hosts are
+// numbered in order of their lowest rank; local ranks in order of rank within a
+// host. In a group whose hosts hold different numbers of its ranks, hosts are
+// virtual: each machine's ranks cut into pieces of the greatest common size.
 struct Topology {
-  int rank = 0;
+  int rank = 0;         // in the communicator
   int size = 1;
+  int global_rank = 0;  // in the job
   int local_rank = 0;
   int local_size = 1;
   int host_index = 0;
@@ -91,8 +95,65 @@ class Work {
   virtual ~Work() = default;
   virtual bool test() = 0;
   virtual void wait() = 0;
+  // Runs `callback` once the collective completed (successfully or not): on
+  // the thread that completed it, or at once on the caller's if it already
+  // has. Never cuts a fusion buffer (unlike wait()). Keep it short: the
+  // communicator's thread runs it before the next collective.
+  virtual void when_done(std::function<void()> callback) = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+// A communicator over some of the job's ranks: the world, or a group.
+// Collectives on one communicator execute in the order they are issued (by
+// its own background thread; the synchronous forms inline when nothing is
+// queued); different communicators are independent, so ranks may interleave
+// their calls on different groups in any order. Ranks and roots are ranks in
+// the communicator; errors name ranks in the job.
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual const Topology& topology() const = 0;
+
+  // In place on `data` (count elements). Queued allreduces of the same dtype and
+  // op are packed into fusion buffers of up to SHOAL_FUSION_THRESHOLD_BYTES; a
+  // buffer starts when it is full, or when its results are needed (wait() on one
+  // of its handles, a synchronous collective, flush()). The packing depends only
+  // on the order of calls, never on timing, so all ranks agree.
+  virtual WorkPtr allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) = 0;
+  // `data` holds `bytes` bytes; after the call every rank holds root's bytes.
+  virtual WorkPtr broadcast_async(void* data, std::size_t bytes, int root) = 0;
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // `recv` holds size * bytes_per_rank bytes; rank r's `send` lands at r * bytes_per_rank.
+  virtual WorkPtr allgather_async(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
+  virtual void allgather(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
+  // In place on root; the other ranks' buffers are left unchanged.
+  virtual WorkPtr reduce_async(void* data, std::size_t count, DType dtype, ReduceOp op, int root) = 0;
+  virtual void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) = 0;
+  virtual void barrier() = 0;
+  // Starts every queued allreduce now (closes the open fusion buffer).
+  virtual void flush() = 0;
+  // Nothing queued or running: a synchronous call would run on the caller's thread.
+  virtual bool idle() = 0;
+  // Local cleanup only (no collective): drains queued work, stops the worker,
+  // unmaps memory, closes sockets. Later calls fail with a Usage error. Also
+  // done when the last reference goes.
+  virtual void destroy() = 0;
+};
+using GroupPtr = std::shared_ptr<Group>;
+
+// Group rank 0 calls it with its contact ("address:port", already bound);
+// the other members call it with "" and get rank 0's. How it travels is the
+// caller's: torch's store, the parent communicator, a file.
+using Share = std::function<std::string(const std::string& contact)>;
+
+// Creates a communicator of `size` ranks in which this process is `rank`
+// (`global_rank` in the job); collective among its members only.
+GroupPtr create_group(int rank, int size, int global_rank, const Share& share);
+// Collective over every rank of `parent`, each passing the same `ranks`
+// (parent ranks, unique, any order: their order gives the group ranks).
+// Members get the group; the others get nullptr (the non-member handle).
+GroupPtr new_group(const GroupPtr& parent, const std::vector<int>& ranks);
 
 // Reads the rank environment (RANK/WORLD_SIZE or OMPI_COMM_WORLD_RANK/SIZE,
 // MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default derived from the job
@@ -106,36 +167,28 @@ using WorkPtr = std::shared_ptr<Work>;
 // bootstraps over TCP (rank 0 listens on MASTER_PORT) and maps the host's
 // shared memory. Idempotent: later calls return the same topology.
 const Topology& init();
+// The same, but the world's rank 0 publishes its contact through `share`
+// (torch's store): nothing listens on MASTER_PORT. Idempotent like init().
+const Topology& init_from(int rank, int size, const Share& share);
 bool is_initialized();
 // Throws Usage if not initialized; the reference is valid until shutdown().
 const Topology& topology();
-// Local cleanup only (no collective): drains queued work, stops the worker,
-// unmaps memory, closes sockets. init() may be called again afterwards (all
-// ranks together).
+// The world communicator (throws Usage if not initialized).
+GroupPtr world();
+// Local cleanup of the world (see Group::destroy). init() may be called again
+// afterwards (all ranks together). Groups live on until destroyed.
 void shutdown();
 
-// In place on `data` (count elements). Queued allreduces of the same dtype and
-// op are packed into fusion buffers of up to SHOAL_FUSION_THRESHOLD_BYTES; a
-// buffer starts when it is full, or when its results are needed (wait() on one
-// of its handles, a synchronous collective, flush()). The packing depends only
-// on the order of calls, never on timing, so all ranks agree.
+// The world's collectives (see Group).
 WorkPtr allreduce_async(void* data, std::size_t count, DType dtype, ReduceOp op);
 void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
-
-// `data` holds `bytes` bytes; after the call every rank holds root's bytes.
 WorkPtr broadcast_async(void* data, std::size_t bytes, int root);
 void broadcast(void* data, std::size_t bytes, int root);
-
-// `recv` holds size * bytes_per_rank bytes; rank r's `send` lands at r * bytes_per_rank.
 WorkPtr allgather_async(const void* send, void* recv, std::size_t bytes_per_rank);
 void allgather(const void* send, void* recv, std::size_t bytes_per_rank);
-
-// In place on root; the other ranks' buffers are left unchanged.
 WorkPtr reduce_async(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
 void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
-
 void barrier();
-// Starts every queued allreduce now (closes the open fusion buffer).
 void flush();
 
 }  // namespace shoal

@@ -4,45 +4,49 @@
 // backend="shoal" to this class; DistributedDataParallel's C++ reducer needs a
 // real c10d Backend (a Python ProcessGroup is not enough), and its comm hooks
 // chain on Work::getFuture(). The class is thin glue: it maps tensors and ops
-// to the core's API (shoal/core.h), which owns the communicator, the fusion
-// buffers and the worker thread. The core offers allreduce, broadcast,
-// allgather and reduce; the other collectives are built on them, for
-// correctness rather than speed: gather on allgather, scatter on broadcast,
-// reduce-scatter on allreduce, all-to-all on allgather. The core's
-// communicator spans the whole world, so a group of some of its ranks gets a
-// Backend whose every collective fails, naming the call.
+// to a communicator of the core (shoal/core.h: the world, or a group over the
+// process group's ranks, set up through torch's store), which owns the
+// shared memory, the connections, the fusion buffers and the worker thread.
+// The core offers allreduce, broadcast, allgather and reduce; the other
+// collectives are built on them: gather on allgather, scatter on broadcast,
+// reduce-scatter on allreduce, all-to-all on allgather.
 //
-// Completion: the core's handles only offer test()/wait(), while futures must
-// complete on their own (DDP waits on the future, not on the Work). One
-// completer thread per process therefore follows the core's handles in issue
-// order (the core executes in issue order too), runs the post-processing that
-// copies results back into non-contiguous or gathered outputs, and completes
-// each future with the output tensors, or with the core's error.
+// Two ways through (Issue below). An operation of at most
+// SHOAL_TORCH_EAGER_BYTES (256 KiB) on an idle communicator runs on the
+// caller's thread and returns completed work: no thread hand-off, so a
+// synchronous torch call costs what the core's call costs. Anything larger,
+// or issued while the communicator is busy, is queued on the core's thread and
+// overlaps the caller's compute (DDP's buckets); its future completes on the
+// completer thread, which the core wakes when the operation is done.
 //
 // Fusion cuts: the core packs queued allreduces into fusion buffers and cuts a
 // buffer at flush() or at a wait() on a pending handle. Every rank must cut at
 // the same place, so cuts may only come from the issuing thread, in program
 // order: each operation here ends with flush() (an allreduce_coalesced is one
-// fused group), and the completer polls test(), which never cuts, instead of
-// calling wait() on a pending handle.
+// fused group), and completion follows the handles through when_done(), which
+// never cuts.
 
 #include <shoal/core.h>
 
 #include <torch/extension.h>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -163,7 +167,10 @@ struct Pending {
   c10::intrusive_ptr<ShoalWork> work;
 };
 
-// Waits on the core's handles in issue order and completes the futures.
+// Completes the futures of queued operations. The core calls back (on its
+// thread) when an operation's last handle is done; this thread then runs the
+// copies and completes the future, so that the callbacks chained on it (DDP's
+// hooks, in Python) never hold up the core's thread.
 class Completer {
  public:
   static Completer& instance() {
@@ -174,9 +181,16 @@ class Completer {
   void submit(Pending pending) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(std::move(pending));
+      ++outstanding_;
     }
-    ready_.notify_one();
+    auto shared = std::make_shared<Pending>(std::move(pending));
+    auto left = std::make_shared<std::atomic<size_t>>(shared->handles.size());
+    if (shared->handles.empty()) return ready(shared);
+    for (auto& handle : shared->handles) {
+      handle->when_done([this, shared, left] {
+        if (left->fetch_sub(1) == 1) ready(shared);
+      });
+    }
   }
 
   // Blocks until every submitted operation completed and its future's callbacks ran.
@@ -185,110 +199,167 @@ class Completer {
   // the GIL, and the thread is ended from under its C++ frames (std::terminate).
   void drain() {
     std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+    idle_.wait(lock, [this] { return outstanding_ == 0; });
   }
 
  private:
   Completer() : thread_([this] { run(); }) { thread_.detach(); }
 
+  void ready(const std::shared_ptr<Pending>& pending) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(pending);
+    }
+    ready_.notify_one();
+  }
+
   void run() {
     for (;;) {
       {
-        Pending pending;
+        std::shared_ptr<Pending> pending;
         {
           std::unique_lock<std::mutex> lock(mutex_);
           ready_.wait(lock, [this] { return !queue_.empty(); });
           pending = std::move(queue_.front());
           queue_.pop_front();
-          busy_ = true;
         }
         try {
-          for (auto& handle : pending.handles) await(handle);
-          if (pending.finish) pending.finish();
-          pending.work->complete();
+          for (auto& handle : pending->handles) handle->wait();  // done: rethrows its error
+          if (pending->finish) pending->finish();
+          pending->work->complete();
         } catch (...) {
-          pending.work->fail(std::current_exception());
+          pending->work->fail(std::current_exception());
         }
-      }  // the operation's tensors are released before this thread reports idle
+      }  // the operation's tensors are released before this thread reports it done
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        busy_ = false;
+        --outstanding_;
       }
       idle_.notify_all();
     }
   }
 
-  // Waits for a handle without cutting the open fusion buffer (see above). It
-  // sleeps between polls, with a backoff from 20 us to 500 us, rather than
-  // spinning or yielding: the cores belong to the ranks' compute and to the
-  // core's own worker, and a yield on a busy machine can cost a time slice.
-  static void await(const shoal::WorkPtr& handle) {
-    auto pause = std::chrono::microseconds(20);
-    while (!handle->test()) {
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(500));
-    }
-    handle->wait();  // already done: returns, or rethrows the operation's error
-  }
-
   std::mutex mutex_;
   std::condition_variable ready_;
   std::condition_variable idle_;
-  std::deque<Pending> queue_;
-  bool busy_ = false;
+  std::deque<std::shared_ptr<Pending>> queue_;
+  size_t outstanding_ = 0;
   std::thread thread_;
 };
 
+// Where an operation's collectives go: through on the caller's thread (eager)
+// or queued on the communicator's thread, collecting their handles.
+class Issue {
+ public:
+  Issue(shoal::Group& group, bool eager) : group_(group), eager(eager) {}
+  void allreduce(void* data, size_t count, shoal::DType dtype, shoal::ReduceOp op) {
+    if (eager) return group_.allreduce(data, count, dtype, op);
+    handles.push_back(group_.allreduce_async(data, count, dtype, op));
+  }
+  void broadcast(void* data, size_t bytes, int root) {
+    if (eager) return group_.broadcast(data, bytes, root);
+    handles.push_back(group_.broadcast_async(data, bytes, root));
+  }
+  void allgather(const void* send, void* recv, size_t bytes) {
+    if (eager) return group_.allgather(send, recv, bytes);
+    handles.push_back(group_.allgather_async(send, recv, bytes));
+  }
+  void reduce(void* data, size_t count, shoal::DType dtype, shoal::ReduceOp op, int root) {
+    if (eager) return group_.reduce(data, count, dtype, op, root);
+    handles.push_back(group_.reduce_async(data, count, dtype, op, root));
+  }
+
+ private:
+  shoal::Group& group_;
+
+ public:
+  const bool eager;
+  std::vector<shoal::WorkPtr> handles;
+};
+
+size_t eager_bytes() {
+  static const size_t bytes = [] {
+    const char* raw = std::getenv("SHOAL_TORCH_EAGER_BYTES");
+    return raw != nullptr && *raw != '\0' ? static_cast<size_t>(std::strtoull(raw, nullptr, 10))
+                                          : size_t{256} << 10;
+  }();
+  return bytes;
+}
+
+size_t total_bytes(const std::vector<at::Tensor>& tensors) {
+  size_t n = 0;
+  for (const auto& t : tensors) n += t.nbytes();
+  return n;
+}
+
 // ---- the backend ------------------------------------------------------------
+
+// Releases the GIL for a scope where this thread holds it: torch calls the
+// backend from Python with the GIL released, and from its own C++ threads.
+class WithoutGil {
+ public:
+  WithoutGil() {
+    if (PyGILState_Check()) release_.emplace();
+  }
+
+ private:
+  std::optional<py::gil_scoped_release> release_;
+};
 
 class ProcessGroupShoal : public c10d::Backend {
  public:
-  // `subgroup`: the global ranks of a group smaller than the world, else empty.
-  ProcessGroupShoal(int rank, int size, std::vector<int64_t> subgroup = {}, int world = 0)
-      : c10d::Backend(rank, size), subgroup_(std::move(subgroup)), world_(world) {}
+  // `release` gives the communicator back (destroys a group, or lets go of the world).
+  ProcessGroupShoal(int rank, int size, shoal::GroupPtr group, std::function<void()> release)
+      : c10d::Backend(rank, size), group_(std::move(group)), release_(std::move(release)) {}
+  ~ProcessGroupShoal() override { shutdown(); }
 
   const std::string getBackendName() const override { return "shoal"; }
 
+  void shutdown() override {
+    if (!release_) return;
+    WithoutGil nogil;
+    auto release = std::move(release_);
+    release_ = nullptr;
+    release();
+  }
+
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    check_group("allreduce");
     check_single(tensors);
     return reduce_tensors(tensors, to_op(opts.reduceOp), OpType::ALLREDUCE);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    check_group("allreduce_coalesced");
     for (const auto& tensor : tensors) check_cpu(tensor);
     return reduce_tensors(tensors, to_op(opts.reduceOp), OpType::ALLREDUCE_COALESCED);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
-    check_group("reduce");
     check_single(tensors);
     check_root(opts.rootRank);
     at::Tensor tensor = tensors[0];
-    at::Tensor flat = tensor.contiguous();
-    Pending pending{{shoal::reduce_async(flat.data_ptr(), flat.numel(), to_dtype(flat),
-                                         to_op(opts.reduceOp), static_cast<int>(opts.rootRank))},
-                    copy_back(tensor, flat),
-                    c10::make_intrusive<ShoalWork>(rank_, OpType::REDUCE, tensors)};
-    return submit(std::move(pending));
+    const auto op = to_op(opts.reduceOp);
+    const int root = static_cast<int>(opts.rootRank);
+    return launch(OpType::REDUCE, tensors, tensor.nbytes(), [&](Issue& issue) {
+      at::Tensor flat = tensor.contiguous();
+      issue.reduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op, root);
+      return copy_back(tensor, flat);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    check_group("broadcast");
     check_single(tensors);
     check_root(opts.rootRank);
     at::Tensor tensor = tensors[0];
-    at::Tensor flat = tensor.contiguous();
-    Pending pending{{shoal::broadcast_async(flat.data_ptr(), flat.nbytes(),
-                                            static_cast<int>(opts.rootRank))},
-                    copy_back(tensor, flat),
-                    c10::make_intrusive<ShoalWork>(rank_, OpType::BROADCAST, tensors)};
-    return submit(std::move(pending));
+    const int root = static_cast<int>(opts.rootRank);
+    return launch(OpType::BROADCAST, tensors, tensor.nbytes(), [&](Issue& issue) {
+      at::Tensor flat = tensor.contiguous();
+      issue.broadcast(flat.data_ptr(), flat.nbytes(), root);
+      return copy_back(tensor, flat);
+    });
   }
 
   // ---- gathering: every rank's tensor to every rank (or to the root) ----------
@@ -296,10 +367,9 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& /*opts*/) override {
-    check_group("allgather");
     check_single(inputs);
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
-                "shoal backend: allgather needs one output list of world_size tensors");
+                "shoal backend: allgather needs one output list of group-size tensors");
     check_like(outputs[0], inputs[0], "allgather");
     return gather_into(inputs[0], outputs[0], OpType::ALLGATHER);
   }
@@ -308,33 +378,26 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& /*opts*/) override {
-    check_group("allgather_coalesced");
     TORCH_CHECK(static_cast<int>(outputs.size()) == size_,
-                "shoal backend: allgather_coalesced needs world_size output lists");
+                "shoal backend: allgather_coalesced needs group-size output lists");
     std::vector<std::vector<at::Tensor>> targets(inputs.size());
     for (const auto& list : outputs) {
       TORCH_CHECK(list.size() == inputs.size(),
                   "shoal backend: allgather_coalesced needs one output per input in each list");
       for (size_t i = 0; i < inputs.size(); ++i) targets[i].push_back(list[i]);
     }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      check_like(targets[i], inputs[i], "allgather_coalesced");
-    }
-    Pending pending{{}, nullptr, nullptr};
-    std::vector<std::function<void()>> copies;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      copies.push_back(start_gather(inputs[i], targets[i], pending.handles));
-    }
+    for (size_t i = 0; i < inputs.size(); ++i) check_like(targets[i], inputs[i], "allgather_coalesced");
     std::vector<at::Tensor> results;
     for (const auto& list : outputs) results.insert(results.end(), list.begin(), list.end());
-    pending.finish = run_all(std::move(copies));
-    pending.work = c10::make_intrusive<ShoalWork>(rank_, OpType::ALLGATHER_COALESCED, results);
-    return submit(std::move(pending));
+    return launch(OpType::ALLGATHER_COALESCED, results, total_bytes(results), [&](Issue& issue) {
+      std::vector<std::function<void()>> copies;
+      for (size_t i = 0; i < inputs.size(); ++i) copies.push_back(start_gather(inputs[i], targets[i], issue));
+      return run_all(std::move(copies));
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& /*opts*/) override {
-    check_group("allgather_into_tensor");
     std::vector<at::Tensor> outputs{output}, inputs{input};
     return allgather_into_tensor_coalesced(outputs, inputs, c10d::AllgatherOptions());
   }
@@ -342,7 +405,6 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& /*opts*/) override {
-    check_group("allgather_into_tensor_coalesced");
     TORCH_CHECK(outputs.size() == inputs.size(),
                 "shoal backend: allgather_into_tensor needs one output per input");
     for (size_t i = 0; i < inputs.size(); ++i) {  // all checked before any is issued
@@ -350,32 +412,29 @@ class ProcessGroupShoal : public c10d::Backend {
       check_cpu(inputs[i]);
       check_world_sized(outputs[i], inputs[i], size_, kAllgatherSizes);
     }
-    Pending pending{{}, nullptr, nullptr};
-    std::vector<std::function<void()>> copies;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor send = inputs[i].contiguous();
-      at::Tensor flat = outputs[i].contiguous();
-      pending.handles.push_back(
-          shoal::allgather_async(send.data_ptr(), flat.data_ptr(), send.nbytes()));
-      if (auto copy = copy_back(outputs[i], flat)) copies.push_back(std::move(copy));
-      copies.push_back([send] {});  // a contiguous copy of the input lives until the end
-    }
-    pending.finish = run_all(std::move(copies));
-    pending.work = c10::make_intrusive<ShoalWork>(rank_, OpType::_ALLGATHER_BASE, outputs);
-    return submit(std::move(pending));
+    return launch(OpType::_ALLGATHER_BASE, outputs, total_bytes(outputs), [&](Issue& issue) {
+      std::vector<std::function<void()>> copies;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        at::Tensor send = inputs[i].contiguous();
+        at::Tensor flat = outputs[i].contiguous();
+        issue.allgather(send.data_ptr(), flat.data_ptr(), send.nbytes());
+        if (auto copy = copy_back(outputs[i], flat)) copies.push_back(std::move(copy));
+        copies.push_back([send] {});  // a contiguous copy of the input lives until the end
+      }
+      return run_all(std::move(copies));
+    });
   }
 
   // Over the core's allgather: every rank receives all, only the root keeps them.
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
-    check_group("gather");
     check_single(inputs);
     check_root(opts.rootRank);
     std::vector<at::Tensor> targets;
     if (rank_ == opts.rootRank) {
       TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
-                  "shoal backend: gather needs one output list of world_size tensors on the "
+                  "shoal backend: gather needs one output list of group-size tensors on the "
                   "root");
       targets = outputs[0];
       check_like(targets, inputs[0], "gather");
@@ -390,30 +449,28 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
-    check_group("scatter");
     check_single(outputs);
     check_root(opts.rootRank);
     at::Tensor output = outputs[0];
     const int64_t n = output.numel();
-    at::Tensor flat;
     if (rank_ == opts.rootRank) {
       TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
-                  "shoal backend: scatter needs one input list of world_size tensors on the root");
+                  "shoal backend: scatter needs one input list of group-size tensors on the root");
       check_like(inputs[0], output, "scatter");
-      flat = at::cat(flatten_all(inputs[0]));
     } else {
       TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
                   "shoal backend: scatter takes no input list on ranks other than the root");
-      flat = at::empty({size_ * n}, output.options());
     }
-    const int64_t offset = rank_ * n;
-    auto finish = [output, flat, n, offset]() mutable {
-      output.copy_(flat.narrow(0, offset, n).view(output.sizes()));
-    };
-    Pending pending{{shoal::broadcast_async(flat.data_ptr(), flat.nbytes(),
-                                            static_cast<int>(opts.rootRank))},
-                    finish, c10::make_intrusive<ShoalWork>(rank_, OpType::SCATTER, outputs)};
-    return submit(std::move(pending));
+    const int root = static_cast<int>(opts.rootRank);
+    return launch(OpType::SCATTER, outputs, output.nbytes() * size_, [&](Issue& issue) {
+      at::Tensor flat = rank_ == root ? at::cat(flatten_all(inputs[0]))
+                                      : at::empty({size_ * n}, output.options());
+      issue.broadcast(flat.data_ptr(), flat.nbytes(), root);
+      const int64_t offset = rank_ * n;
+      return std::function<void()>([output, flat, n, offset]() mutable {
+        output.copy_(flat.narrow(0, offset, n).view(output.sizes()));
+      });
+    });
   }
 
   // ---- reduce-scatter: over the core's allreduce of the whole input ------------
@@ -421,50 +478,47 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    check_group("reduce_scatter");
     check_single(outputs);
     TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
-                "shoal backend: reduce_scatter needs one input list of world_size tensors");
+                "shoal backend: reduce_scatter needs one input list of group-size tensors");
     check_like(inputs[0], outputs[0], "reduce_scatter");
-    at::Tensor flat = at::cat(flatten_all(inputs[0]));
-    return scatter_reduced(outputs[0], flat, to_op(opts.reduceOp), OpType::REDUCE_SCATTER);
+    const auto op = to_op(opts.reduceOp);
+    return launch(OpType::REDUCE_SCATTER, outputs, outputs[0].nbytes() * size_, [&](Issue& issue) {
+      at::Tensor flat = at::cat(flatten_all(inputs[0]));
+      issue.allreduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op);
+      return own_share(outputs[0], flat);
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-    check_group("reduce_scatter_tensor");
-    check_cpu(output);
-    check_cpu(input);
-    check_world_sized(input, output, size_, kReduceScatterSizes);
-    at::Tensor flat = input.contiguous().view({-1}).clone();
-    return scatter_reduced(output, flat, to_op(opts.reduceOp), OpType::_REDUCE_SCATTER_BASE);
+    std::vector<at::Tensor> outputs{output}, inputs{input};
+    return reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    check_group("reduce_scatter_tensor_coalesced");
     TORCH_CHECK(outputs.size() == inputs.size(),
                 "shoal backend: reduce_scatter_tensor_coalesced needs one output per input");
     const shoal::ReduceOp op = to_op(opts.reduceOp);
-    Pending pending{{}, nullptr, nullptr};
-    std::vector<std::function<void()>> copies;
     for (size_t i = 0; i < inputs.size(); ++i) {
       check_cpu(outputs[i]);
       check_cpu(inputs[i]);
       check_world_sized(inputs[i], outputs[i], size_, kReduceScatterSizes);
       to_dtype(inputs[i]);  // fail before issuing any
     }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      at::Tensor flat = inputs[i].contiguous().view({-1}).clone();
-      pending.handles.push_back(
-          shoal::allreduce_async(flat.data_ptr(), flat.numel(), to_dtype(flat), op));
-      copies.push_back(own_share(outputs[i], flat));
-    }
-    pending.finish = run_all(std::move(copies));
-    pending.work =
-        c10::make_intrusive<ShoalWork>(rank_, OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs);
-    return submit(std::move(pending));
+    const auto type = inputs.size() == 1 ? OpType::_REDUCE_SCATTER_BASE
+                                         : OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+    return launch(type, outputs, total_bytes(inputs), [&](Issue& issue) {
+      std::vector<std::function<void()>> copies;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        at::Tensor flat = inputs[i].contiguous().view({-1}).clone();
+        issue.allreduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op);
+        copies.push_back(own_share(outputs[i], flat));
+      }
+      return run_all(std::move(copies));
+    });
   }
 
   // ---- all-to-all: over the core's allgather of every rank's whole input --------
@@ -473,7 +527,6 @@ class ProcessGroupShoal : public c10d::Backend {
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& /*opts*/) override {
-    check_group("all_to_all_single");
     check_cpu(output);
     check_cpu(input);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
@@ -486,10 +539,9 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& /*opts*/) override {
-    check_group("all_to_all");
     TORCH_CHECK(static_cast<int>(outputs.size()) == size_ &&
                     static_cast<int>(inputs.size()) == size_,
-                "shoal backend: all_to_all needs world_size inputs and world_size outputs");
+                "shoal backend: all_to_all needs group-size inputs and group-size outputs");
     for (size_t r = 0; r < inputs.size(); ++r) {
       check_cpu(inputs[r]);
       check_cpu(outputs[r]);
@@ -501,10 +553,10 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
-    check_group("barrier");
     auto work = c10::make_intrusive<ShoalWork>(rank_, OpType::BARRIER, std::vector<at::Tensor>{});
     try {
-      shoal::barrier();
+      WithoutGil nogil;
+      group_->barrier();
       work->complete();
     } catch (...) {
       work->fail(std::current_exception());
@@ -513,20 +565,38 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
  private:
-  // The core's communicator spans the whole world; every rank must take part in
-  // every collective, so a smaller group cannot use it.
-  void check_group(const char* call) const {
-    if (subgroup_.empty()) return;
-    std::string ranks;
-    for (int64_t r : subgroup_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    TORCH_CHECK(false, "shoal backend: ", call, " on a subgroup (ranks [", ranks,
-                "] of a world of ", world_, ") is not supported: Shoal's collectives always "
-                "span the whole world; create subgroups with backend=\"gloo\"");
+  // Runs `body` (which issues the operation's collectives through an Issue and
+  // returns the step that copies results into the user's tensors): eagerly on
+  // this thread, or queued, as the header says.
+  template <typename Body>
+  c10::intrusive_ptr<c10d::Work> launch(OpType type, std::vector<at::Tensor> outputs,
+                                        size_t bytes, Body&& body) {
+    auto work = c10::make_intrusive<ShoalWork>(rank_, type, std::move(outputs));
+    Issue issue(*group_, bytes <= eager_bytes() && group_->idle());
+    std::function<void()> finish;
+    try {
+      if (!issue.eager) {
+        finish = body(issue);
+        group_->flush();  // this operation's fusion group ends here, on every rank alike
+      } else {
+        WithoutGil nogil;
+        finish = body(issue);
+        if (finish) finish();
+        work->complete();
+        return work;
+      }
+    } catch (const shoal::Error&) {
+      if (!issue.eager) std::rethrow_exception(translate(std::current_exception()));
+      work->fail(std::current_exception());
+      return work;
+    }
+    Completer::instance().submit({std::move(issue.handles), std::move(finish), work});
+    return work;
   }
 
   void check_root(int64_t root) const {
     TORCH_CHECK(root >= 0 && root < size_, "shoal backend: root rank ", root,
-                " is outside the world of ", size_);
+                " is outside the group of ", size_);
   }
 
   static void check_like(const std::vector<at::Tensor>& tensors, const at::Tensor& reference,
@@ -566,10 +636,10 @@ class ProcessGroupShoal : public c10d::Backend {
   // Starts the allgather of `input`; the returned step copies rank r's part into
   // targets[r] (no targets: nothing is kept, as on gather's other ranks).
   std::function<void()> start_gather(const at::Tensor& input, std::vector<at::Tensor> targets,
-                                     std::vector<shoal::WorkPtr>& handles) {
+                                     Issue& issue) {
     at::Tensor send = input.contiguous();
     at::Tensor flat = at::empty({size_ * send.numel()}, send.options());
-    handles.push_back(shoal::allgather_async(send.data_ptr(), flat.data_ptr(), send.nbytes()));
+    issue.allgather(send.data_ptr(), flat.data_ptr(), send.nbytes());
     return [send, flat, targets]() mutable {
       const int64_t n = send.numel();
       for (size_t r = 0; r < targets.size(); ++r) {
@@ -580,24 +650,22 @@ class ProcessGroupShoal : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> gather_into(const at::Tensor& input,
                                              std::vector<at::Tensor> targets, OpType type) {
-    Pending pending{{}, nullptr, c10::make_intrusive<ShoalWork>(rank_, type, targets)};
-    pending.finish = start_gather(input, targets, pending.handles);
-    return submit(std::move(pending));
+    return launch(type, targets, input.nbytes() * size_,
+                  [&](Issue& issue) { return start_gather(input, targets, issue); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_tensors(std::vector<at::Tensor>& tensors,
                                                 shoal::ReduceOp op, OpType type) {
-    Pending pending{{}, nullptr, c10::make_intrusive<ShoalWork>(rank_, type, tensors)};
-    std::vector<std::function<void()>> copies;
     for (const auto& tensor : tensors) to_dtype(tensor);  // fail before issuing any
-    for (auto& tensor : tensors) {
-      at::Tensor flat = tensor.contiguous();
-      pending.handles.push_back(
-          shoal::allreduce_async(flat.data_ptr(), flat.numel(), to_dtype(flat), op));
-      if (auto copy = copy_back(tensor, flat)) copies.push_back(std::move(copy));
-    }
-    pending.finish = run_all(std::move(copies));
-    return submit(std::move(pending));
+    return launch(type, tensors, total_bytes(tensors), [&](Issue& issue) {
+      std::vector<std::function<void()>> copies;
+      for (auto& tensor : tensors) {
+        at::Tensor flat = tensor.contiguous();
+        issue.allreduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op);
+        if (auto copy = copy_back(tensor, flat)) copies.push_back(std::move(copy));
+      }
+      return run_all(std::move(copies));
+    });
   }
 
   // The step that copies this rank's share of the reduced `flat` into `output`.
@@ -608,15 +676,6 @@ class ProcessGroupShoal : public c10d::Backend {
       output.copy_(flat.narrow(0, offset, n).view(output.sizes()));
     };
   }
-
-  c10::intrusive_ptr<c10d::Work> scatter_reduced(at::Tensor output, at::Tensor flat,
-                                                 shoal::ReduceOp op, OpType type) {
-    Pending pending{{shoal::allreduce_async(flat.data_ptr(), flat.numel(), to_dtype(flat), op)},
-                    own_share(output, flat),
-                    c10::make_intrusive<ShoalWork>(rank_, type, std::vector<at::Tensor>{output})};
-    return submit(std::move(pending));
-  }
-
   // all_to_all_single's split sizes (rows of dim 0; none: equal parts) as views.
   std::vector<at::Tensor> split_rows(const at::Tensor& tensor, std::vector<int64_t> splits,
                                      const char* what) const {
@@ -648,8 +707,9 @@ class ProcessGroupShoal : public c10d::Backend {
     std::vector<int64_t> mine(size_), table(size_ * size_);
     for (int d = 0; d < size_; ++d) mine[d] = static_cast<int64_t>(sends[d].nbytes());
     try {
-      shoal::allgather(mine.data(), table.data(), mine.size() * sizeof(int64_t));
-    } catch (...) {
+      WithoutGil nogil;
+      group_->allgather(mine.data(), table.data(), mine.size() * sizeof(int64_t));
+    } catch (const shoal::Error&) {
       std::rethrow_exception(translate(std::current_exception()));
     }
     return table;
@@ -668,70 +728,98 @@ class ProcessGroupShoal : public c10d::Backend {
       width = std::max(width, std::accumulate(table.begin() + s * size_,
                                               table.begin() + (s + 1) * size_, int64_t{0}));
     }
-    at::Tensor packed = at::empty({width}, at::kByte);
-    int64_t offset = 0;
-    for (const auto& send : sends) {
-      at::Tensor part = send.contiguous();
-      if (part.nbytes() > 0) {
-        std::memcpy(packed.data_ptr<uint8_t>() + offset, part.data_ptr(), part.nbytes());
+    return launch(type, outputs, static_cast<size_t>(width * size_), [&](Issue& issue) {
+      at::Tensor packed = at::empty({width}, at::kByte);
+      int64_t offset = 0;
+      for (const auto& send : sends) {
+        at::Tensor part = send.contiguous();
+        if (part.nbytes() > 0) {
+          std::memcpy(packed.data_ptr<uint8_t>() + offset, part.data_ptr(), part.nbytes());
+        }
+        offset += static_cast<int64_t>(part.nbytes());
       }
-      offset += static_cast<int64_t>(part.nbytes());
-    }
-    at::Tensor all = at::empty({size_ * width}, at::kByte);
-    Pending pending{{}, nullptr, c10::make_intrusive<ShoalWork>(rank_, type, outputs)};
-    if (width > 0) {  // every rank computed the same width: all skip together
-      pending.handles.push_back(shoal::allgather_async(packed.data_ptr(), all.data_ptr(), width));
-    }
-    const int me = rank_, size = size_;
-    pending.finish = [packed, all, table, width, recvs, me, size]() mutable {
-      for (int s = 0; s < size; ++s) {
-        const int64_t* row = table.data() + s * size;
-        const int64_t start = std::accumulate(row, row + me, int64_t{0});
-        TORCH_CHECK(row[me] == static_cast<int64_t>(recvs[s].nbytes()),
-                    "shoal backend: all_to_all: rank ", s, " sent ", row[me], " bytes to rank ",
-                    me, ", which expected ", recvs[s].nbytes());
-        if (row[me] == 0) continue;
-        at::Tensor into = recvs[s].is_contiguous() ? recvs[s] : recvs[s].contiguous();
-        std::memcpy(into.data_ptr(), all.data_ptr<uint8_t>() + s * width + start, row[me]);
-        if (!into.is_same(recvs[s])) recvs[s].copy_(into);
-      }
-    };
-    return submit(std::move(pending));
+      at::Tensor all = at::empty({size_ * width}, at::kByte);
+      // Every rank computed the same width: all skip together.
+      if (width > 0) issue.allgather(packed.data_ptr(), all.data_ptr(), width);
+      const int me = rank_, size = size_;
+      return std::function<void()>([packed, all, table, width, recvs, me, size]() mutable {
+        for (int s = 0; s < size; ++s) {
+          const int64_t* row = table.data() + s * size;
+          const int64_t start = std::accumulate(row, row + me, int64_t{0});
+          TORCH_CHECK(row[me] == static_cast<int64_t>(recvs[s].nbytes()),
+                      "shoal backend: all_to_all: rank ", s, " sent ", row[me],
+                      " bytes to rank ", me, ", which expected ", recvs[s].nbytes());
+          if (row[me] == 0) continue;
+          at::Tensor into = recvs[s].is_contiguous() ? recvs[s] : recvs[s].contiguous();
+          std::memcpy(into.data_ptr(), all.data_ptr<uint8_t>() + s * width + start, row[me]);
+          if (!into.is_same(recvs[s])) recvs[s].copy_(into);
+        }
+      });
+    });
   }
 
-  c10::intrusive_ptr<c10d::Work> submit(Pending pending) {
-    shoal::flush();  // this operation's fusion group ends here, on every rank alike
-    auto work = pending.work;
-    Completer::instance().submit(std::move(pending));
-    return work;
-  }
-
-  std::vector<int64_t> subgroup_;
-  int world_;
+  shoal::GroupPtr group_;
+  std::function<void()> release_;
 };
 
-// The creator torch calls (through Python) for backend="shoal": the core must
-// already be initialized, with the same rank and size torch assigned.
-c10::intrusive_ptr<c10d::Backend> create_backend(int rank, int size) {
-  TORCH_CHECK(shoal::is_initialized(), "shoal backend: the collective core is not initialized");
-  const shoal::Topology& topology = shoal::topology();
-  TORCH_CHECK(size == topology.size, "shoal backend: a group of ", size,
-              " ranks in a world of ", topology.size, " needs its global ranks (create it "
-              "through torch.distributed.new_group)");
-  TORCH_CHECK(rank == topology.rank, "shoal backend: torch rank ", rank,
-              " differs from the core's rank ", topology.rank);
-  return c10::make_intrusive<ProcessGroupShoal>(rank, size);
+// ---- creating backends --------------------------------------------------------
+
+// Group rank 0's contact through torch's store. The counter gives every
+// incarnation of a group its own key, so that a store reused by a later group
+// of the same name never hands out a stale contact; a failure on rank 0 is
+// published in its place, so the others fail at once instead of waiting.
+shoal::Share store_share(c10::intrusive_ptr<c10d::Store> store, int size) {
+  return [store, size](const std::string& contact) {
+    const int64_t joined = store->add("shoal/joined", 1);
+    const std::string key = "shoal/contact/" + std::to_string((joined - 1) / size);
+    if (!contact.empty()) {
+      store->set(key, std::vector<uint8_t>(contact.begin(), contact.end()));
+      return contact;
+    }
+    const std::vector<uint8_t> value = store->get(key);
+    return std::string(value.begin(), value.end());
+  };
 }
 
-// A group of some of the world's ranks: it exists (torch creates groups on their
-// members only, and code may create some it never uses), but every collective on
-// it fails, naming the call.
-c10::intrusive_ptr<c10d::Backend> create_subgroup_backend(int rank, std::vector<int64_t> ranks,
-                                                          int world) {
-  TORCH_CHECK(rank >= 0 && rank < static_cast<int>(ranks.size()),
-              "shoal backend: group rank ", rank, " is outside the group of ", ranks.size());
-  const int size = static_cast<int>(ranks.size());
-  return c10::make_intrusive<ProcessGroupShoal>(rank, size, std::move(ranks), world);
+std::mutex g_world_mutex;
+bool g_world_taken = false;  // a process group runs on the core's world communicator
+
+// torch's creator for backend "shoal": the process group's own communicator,
+// set up through its store. The first world-sized group takes the core's world
+// (started here if the module API has not), so a script that also calls
+// shoal.dataparallel.core shares one communicator with torch's default group.
+c10::intrusive_ptr<c10d::Backend> create_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int size,
+                                                 std::vector<int64_t> global_ranks,
+                                                 int world_size) {
+  TORCH_CHECK(rank >= 0 && rank < size, "shoal backend: group rank ", rank,
+              " is outside the group of ", size);
+  TORCH_CHECK(global_ranks.empty() || static_cast<int>(global_ranks.size()) == size,
+              "shoal backend: the group's global ranks do not match its size");
+  const int global = global_ranks.empty() ? rank : static_cast<int>(global_ranks[rank]);
+  const shoal::Share share = store_share(store, size);
+  py::gil_scoped_release nogil;
+  try {
+    std::unique_lock<std::mutex> lock(g_world_mutex);
+    if (size == world_size && !g_world_taken) {
+      const bool started = !shoal::is_initialized();
+      const shoal::Topology& t = started ? shoal::init_from(rank, size, share) : shoal::topology();
+      if (t.size == size && t.rank == rank) {
+        g_world_taken = true;
+        auto release = [started] {
+          std::lock_guard<std::mutex> guard(g_world_mutex);
+          g_world_taken = false;
+          if (started) shoal::shutdown();
+        };
+        return c10::make_intrusive<ProcessGroupShoal>(rank, size, shoal::world(), release);
+      }
+    }
+    lock.unlock();
+    shoal::GroupPtr group = shoal::create_group(rank, size, global, share);
+    return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); });
+  } catch (const shoal::Error&) {
+    std::rethrow_exception(translate(std::current_exception()));
+  }
 }
 
 }  // namespace shoal_torch
@@ -742,9 +830,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     shoal_torch::Completer::instance().drain();
   }, "Wait until every operation completed and its callbacks ran (for interpreter exit).");
   m.doc() = "Shoal's c10d backend over the collective core";
-  m.def("create_backend", &shoal_torch::create_backend, py::arg("rank"), py::arg("size"),
-        "A c10d Backend over the (initialized) core for the world group.");
-  m.def("create_subgroup_backend", &shoal_torch::create_subgroup_backend, py::arg("rank"),
-        py::arg("ranks"), py::arg("world"),
-        "A c10d Backend for a group of some of the world's ranks, whose collectives fail.");
+  m.def("create_backend", &shoal_torch::create_backend, py::arg("store"), py::arg("rank"),
+        py::arg("size"), py::arg("global_ranks"), py::arg("world_size"),
+        "A c10d Backend on its own communicator of the core, set up through `store`.");
 }

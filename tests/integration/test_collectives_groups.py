@@ -1,0 +1,210 @@
+"""Groups in the collective core under the real mpirun: communicators over any subset of
+ranks (inside a host, across hosts, uneven, singleton, overlapping, reordered), each
+checked bit for bit against the numpy model of the core's reduction order; calls on
+different groups interleaved in a different order on every rank; and 200 groups created
+and destroyed without leaking a shared-memory segment, a thread or a file descriptor.
+
+This file is also the worker: ``python test_collectives_groups.py worker``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_collectives import (  # noqa: E402
+    DTYPES,
+    MPIRUN,
+    OPS,
+    expected,
+    make_input,
+    run_mpi,
+)
+
+HERE = os.path.abspath(__file__)
+SIZES = [1, 17, 4097, 70001, 600_001]
+
+
+def real_host(rank: int) -> str:
+    return os.environ.get(f"EXPECTED_HOST_{rank}", "h")
+
+
+def virtual_hosts(members: list[int]) -> list[list[int]]:
+    """The group's hosts as the core cuts them: group ranks by machine, each machine's
+    ranks in pieces of the greatest common size."""
+    machines: dict[str, list[int]] = {}
+    for group_rank, world_rank in enumerate(members):
+        machines.setdefault(real_host(world_rank), []).append(group_rank)
+    size = 0
+    for ranks in machines.values():
+        size = math.gcd(size, len(ranks))
+    return [ranks[i : i + size] for ranks in machines.values() for i in range(0, len(ranks), size)]
+
+
+def shapes(size: int) -> list[list[int]]:
+    """Every kind of group on ``size`` ranks: world, each singleton, pairs (inside and
+    across hosts), reordered, uneven and overlapping memberships. 16 on 4 ranks."""
+    found = [list(range(size)), list(reversed(range(size)))]
+    found += [[r] for r in range(size)]
+    found += [[a, b] for a in range(size) for b in range(a + 1, size)]
+    if size >= 3:
+        found += [[0, 1, 2], [size - 1, 0, 1]]
+    return found[:16]
+
+
+def check_group(core, group, members, rank) -> int:
+    me = members.index(rank)
+    hosts = virtual_hosts(members)
+    topo = group.topology
+    assert (topo.rank, topo.size, topo.global_rank) == (me, len(members), rank), topo
+    assert topo.num_hosts == len(hosts) and topo.local_size == len(hosts[0]), (topo, hosts)
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for n in SIZES if dtype == "float32" else SIZES[:3]:
+                seed = (len(members), *members, DTYPES.index(dtype), OPS.index(op), n)
+                inputs = [make_input(np.random.default_rng((*seed, r)), dtype, op, n)
+                          for r in range(len(members))]
+                mine = inputs[me].copy()
+                core.allreduce(mine, op=op, group=group)
+                want = expected(inputs, dtype, op, hosts)
+                assert mine.tobytes() == want.tobytes(), f"{members} {dtype} {op} n={n}"
+                cases += 1
+    for root in range(len(members)):
+        for n in (3, 300_001):
+            data = np.random.default_rng((5, root, n)).standard_normal(n)
+            mine = data.copy() if me == root else np.zeros(n)
+            core.broadcast(mine, root=root, group=group)
+            assert mine.tobytes() == data.tobytes(), f"{members} broadcast root {root}"
+            totals = [np.arange(9, dtype=np.int64) * (r + 1) for r in range(len(members))]
+            mine = totals[me].copy()
+            core.reduce(mine, root=root, group=group)
+            assert (mine == (sum(totals) if me == root else totals[me])).all()
+            cases += 2
+    for n in (1, 70_001):
+        gathered = core.allgather(np.full(n, rank, dtype=np.int32), group=group)
+        assert [int(row[0]) for row in gathered] == members and (gathered[:, -1] == members).all()
+        cases += 1
+    handles = [core.allreduce_async(np.full(5, float(rank)), group=group) for _ in range(6)]
+    for h in handles:
+        assert (h.wait() == float(sum(members))).all()
+    core.barrier(group=group)
+    return cases + 1
+
+
+def check_interleaving(core, rank, size) -> None:
+    """Two disjoint groups used in a different order on different ranks (each group's own
+    order is the same on its members), and from two threads at once."""
+    if size < 4:
+        return
+    a = core.new_group([0, 1])
+    b = core.new_group([2, 3])
+    c = core.new_group([1, 2])
+    both = [g for g in (a, b) if g is not None]
+    mine = both[0]
+    cross = c
+    values = [np.full(1000, float(rank)) for _ in range(2)]
+    # Ranks 1 and 2 are in two groups each: rank 1 uses c first, rank 2 uses it last.
+    order = [cross, mine] if rank == 1 else [mine, cross]
+    for g, v in zip([g for g in order if g is not None], values):
+        core.allreduce(v, group=g)
+    results = []
+
+    def run(group, value):
+        for _ in range(50):
+            value[:] = rank
+            core.allreduce(value, group=group)
+        results.append(float(value[0]))
+
+    used = [g for g in (mine, cross) if g is not None]
+    threads = [threading.Thread(target=run, args=(g, np.zeros(64))) for g in used]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == sorted(float(sum(g.ranks)) for g in used)
+    for g in (a, b, c):
+        if g is not None:
+            g.destroy()
+
+
+def shoal_segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("shoal-")}
+
+
+def check_churn(core, rank, size) -> None:
+    """200 groups created and destroyed: no segment, descriptor or thread is left."""
+    core.barrier()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    native_threads = len(os.listdir("/proc/self/task"))
+    for i in range(200):
+        members = [(i + k) % size for k in range(1 + i % size)]
+        group = core.new_group(members)
+        if group is not None:
+            value = np.ones(4)
+            core.allreduce(value, group=group)
+            assert (value == len(members)).all()
+            group.destroy()
+    core.barrier()
+    assert len(os.listdir("/proc/self/fd")) == fds, "file descriptors leaked"
+    assert threading.active_count() == threads
+    # A joined thread's task entry goes a moment after join() returns (the kernel wakes
+    # the joiner before it reaps the task).
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) > native_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(os.listdir("/proc/self/task")) == native_threads, "threads leaked"
+    assert not shoal_segments(), shoal_segments()
+
+
+def worker() -> None:
+    from shoal.dataparallel import core
+
+    comm = core.init()
+    rank, size = comm.rank, comm.size
+    cases = 0
+    groups = [(members, core.new_group(members)) for members in shapes(size)]
+    assert len(groups) == min(16, len(groups))
+    for members, group in groups:
+        assert (group is None) == (rank not in members)
+    mine = [(m, g) for m, g in groups if g is not None]
+    for members, group in mine:
+        cases += check_group(core, group, members, rank)
+    for _, group in mine:
+        group.destroy()
+    check_interleaving(core, rank, size)
+    check_churn(core, rank, size)
+    core.barrier()
+    core.shutdown()
+    print(f"rank {rank}: {cases} cases ok", flush=True)
+
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.runtime,
+    pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed"),
+]
+
+
+def run_groups(ranks, **kwargs):
+    run_mpi(ranks, script=HERE, **kwargs)
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_groups_on_one_host(ranks):
+    run_groups(ranks)
+
+
+def test_groups_across_two_simulated_hosts():
+    run_groups(4, per_rank_host=lambda r: f"h{r // 2}")
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+    worker()

@@ -69,6 +69,11 @@ class Handle:
         self._handle.wait()
         return self.array
 
+    @property
+    def source(self) -> int:
+        """A completed receive's source rank (in its group)."""
+        return self._handle.source()
+
 
 @attrs.define(eq=False)
 class Group:
@@ -244,6 +249,34 @@ def barrier(group: Group | None = None) -> None:
 def flush(group: Group | None = None) -> None:
     """Starts the queued allreduces now instead of waiting for a full fusion buffer."""
     _binding().flush(_target(group))
+
+
+# Point-to-point: ``dst``/``src`` are ranks of ``group`` (default the world); ``src=None``
+# receives from any rank. Per source and tag, messages match receives in issue order.
+
+
+def isend(array: np.ndarray, dst: int, tag: int = 0, group: Group | None = None) -> Handle:
+    """Starts sending ``array``'s bytes; it must stay untouched until ``wait()``."""
+    array = _checked(array)
+    return Handle(_binding().send_async(_target(group), _raw(array), int(dst), int(tag)), array)
+
+
+def irecv(array: np.ndarray, src: int | None = None, tag: int = 0, group: Group | None = None) -> Handle:
+    """Starts receiving into ``array`` (same byte size as the message)."""
+    array = _checked(array)
+    peer = -1 if src is None else int(src)
+    return Handle(_binding().recv_async(_target(group), _raw(array), peer, int(tag)), array)
+
+
+def send(array: np.ndarray, dst: int, tag: int = 0, group: Group | None = None) -> None:
+    isend(array, dst, tag, group).wait()
+
+
+def recv(array: np.ndarray, src: int | None = None, tag: int = 0, group: Group | None = None) -> int:
+    """Receives into ``array``; returns the source rank."""
+    handle = irecv(array, src, tag, group)
+    handle.wait()
+    return handle.source
 
 
 atexit.register(shutdown)

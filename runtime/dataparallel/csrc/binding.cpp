@@ -44,6 +44,7 @@ struct Handle {
   shoal::WorkPtr work;
   py::object keep;
   bool test() { return work->test(); }
+  int source() { return work->source(); }
   void wait() {
     {
       py::gil_scoped_release nogil;
@@ -93,7 +94,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Handle>(m, "Handle")
       .def("test", &Handle::test)
-      .def("wait", &Handle::wait);
+      .def("wait", &Handle::wait)
+      .def("source", &Handle::source);
 
   m.def("init", [] {
     const shoal::Topology* t;
@@ -156,6 +158,14 @@ PYBIND11_MODULE(_core, m) {
     g->barrier();
   });
   m.def("flush", [](shoal::GroupPtr g) { g->flush(); });
+  m.def("send_async", [](shoal::GroupPtr g, py::buffer buf, int peer, int tag) {
+    Span s = writable(buf, "array");
+    return Handle{g->send_async(s.ptr, s.bytes, peer, tag), buf};
+  });
+  m.def("recv_async", [](shoal::GroupPtr g, py::buffer buf, int peer, int tag) {
+    Span s = writable(buf, "array");
+    return Handle{g->recv_async(s.ptr, s.bytes, peer, tag), buf};
+  });
   // The reduction kernel on local buffers, for testing its arithmetic.
   m.def("_reduce_local", [](py::buffer out, py::list sources, int dtype, int op, int divisor) {
     auto d = static_cast<shoal::DType>(dtype);

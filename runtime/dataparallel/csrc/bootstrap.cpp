@@ -226,6 +226,7 @@ std::string Bootstrap::local_address() const {
 }
 
 void Job::close_all() {
+  for (int& fd : links) net::close_fd(fd), fd = -1;
   for (int& fd : mesh) net::close_fd(fd), fd = -1;
   for (int& fd : control) net::close_fd(fd), fd = -1;
 }
@@ -277,39 +278,54 @@ void build_topology(const Config& c, Job& job) {
 
 // Ranks with the same local rank on different hosts form a full mesh: the
 // higher host index connects, the lower accepts. Each pair has two
-// connections: data (raw bytes) and control (failure notices, net.h).
+// connections: data (raw bytes) and control (failure notices, net.h). Every
+// pair of ranks on different hosts also has a point-to-point connection
+// (channel 2), so that a transfer never waits behind a collective.
 void connect_mesh(const Config& c, Job& job, int data_listen) {
   const Topology& t = job.topo;
   job.mesh.assign(t.num_hosts, -1);
   job.control.assign(t.num_hosts, -1);
-  for (int h = 0; h < t.host_index; ++h) {
-    const RankRecord& peer = job.table[job.host_ranks[h][t.local_rank]];
-    for (int channel = 0; channel < 2; ++channel) {
-      int fd = net::connect_to(peer.addr, peer.port, c.timeout_ms);
-      (channel == 0 ? job.mesh : job.control)[h] = fd;
-      const int hello[2] = {t.host_index, channel};
+  job.links.assign(t.size, -1);
+  auto dial = [&](int rank, int channel) {
+    const RankRecord& peer = job.table[rank];
+    int fd = net::connect_to(peer.addr, peer.port, c.timeout_ms);
+    const int hello[3] = {t.host_index, channel, c.rank};
+    try {
       net::send_all(fd, hello, sizeof hello, peer.global, c.timeout_ms, "init");
+    } catch (...) {
+      net::close_fd(fd);
+      throw;
     }
+    return fd;
+  };
+  for (int h = 0; h < t.host_index; ++h) {
+    job.mesh[h] = dial(job.host_ranks[h][t.local_rank], 0);
+    job.control[h] = dial(job.host_ranks[h][t.local_rank], 1);
+    for (int r : job.host_ranks[h]) job.links[r] = dial(r, 2);
   }
-  for (int n = 2 * (t.num_hosts - 1 - t.host_index); n > 0; --n) {
+  int expected = 0;
+  for (int h = t.host_index + 1; h < t.num_hosts; ++h) expected += 2 + (int)job.host_ranks[h].size();
+  for (; expected > 0; --expected) {
     int fd = net::accept_one(data_listen, c.timeout_ms);
     if (fd < 0) throw Error(Error::Kind::Timeout, "init: a peer host did not connect in time");
-    int hello[2] = {-1, -1};
+    int hello[3] = {-1, -1, -1};
     try {
       net::recv_all(fd, hello, sizeof hello, -1, c.timeout_ms, "init");
     } catch (...) {
       net::close_fd(fd);
       throw;
     }
-    const int from = hello[0];
-    const bool known = from > t.host_index && from < t.num_hosts && (hello[1] == 0 || hello[1] == 1);
-    std::vector<int>& slot = hello[1] == 1 ? job.control : job.mesh;
-    if (!known || slot[from] >= 0) {
+    const int from = hello[0], channel = hello[1], rank = hello[2];
+    bool known = from > t.host_index && from < t.num_hosts && channel >= 0 && channel <= 2 &&
+                 rank >= 0 && rank < t.size;
+    int* slot = nullptr;
+    if (known) slot = channel == 2 ? &job.links[rank] : &(channel == 1 ? job.control : job.mesh)[from];
+    if (!known || *slot >= 0) {
       net::close_fd(fd);
       throw Error(Error::Kind::Usage, "init: unexpected mesh connection from host " +
                                           std::to_string(from));
     }
-    slot[from] = fd;
+    *slot = fd;
   }
 }
 

@@ -86,6 +86,7 @@ struct Job {
   std::vector<std::vector<int>> host_ranks;   // ranks of each (virtual) host, ascending
   std::vector<int> mesh;                      // per host index: socket to my peer there (-1: mine)
   std::vector<int> control;                   // per host index: control connection to the same peer
+  std::vector<int> links;                     // per rank on another host: point-to-point connection
 
   int global(int rank) const { return table[rank].global; }
   void close_all();

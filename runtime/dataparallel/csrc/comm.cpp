@@ -54,12 +54,13 @@ Comm::Comm(const Config& config, Bootstrap* boot, const std::string& advertised)
     // Each host's local rank 0 creates its segment and names it to the others.
     const std::string mine = t.local_rank == 0 ? segment_name(cfg_) : std::string();
     if (t.local_rank == 0)
-      seg_ = std::make_unique<HostSegment>(mine, true, 0, peers, cfg_.chunk_bytes, cfg_.depth, cfg_.timeout_ms);
+      seg_ = std::make_unique<HostSegment>(mine, true, 0, peers, cfg_.chunk_bytes, cfg_.depth,
+                                           cfg_.timeout_ms, P2P::area_bytes(t.local_size));
     const auto names = boot->allgather(mine);
     if (t.local_rank != 0)
       seg_ = std::make_unique<HostSegment>(names[job_.host_ranks[t.host_index][0]], false,
                                            t.local_rank, peers, cfg_.chunk_bytes, cfg_.depth,
-                                           cfg_.timeout_ms);
+                                           cfg_.timeout_ms, P2P::area_bytes(t.local_size));
     boot->barrier();
     if (t.local_rank == 0) seg_->unlink();
     // Single copy only if every local rank can read its peers (containers may forbid it).
@@ -89,10 +90,26 @@ Comm::Comm(const Config& config, Bootstrap* boot, const std::string& advertised)
 }
 
 Comm::~Comm() {
+  p2p_.reset();
   stop_watching();
   // Peers on other hosts tell a clean shutdown from a death by this.
   for (const net::Control& c : control_) net::send_goodbye(c.fd());
   job_.close_all();
+}
+
+P2P& Comm::p2p() {
+  std::lock_guard<std::mutex> lk(p2p_mu_);
+  if (cfg_.size == 1) throw Error(Error::Kind::Usage, "point-to-point: the communicator has one rank");
+  if (!p2p_) {
+    const int L = job_.topo.local_size;
+    // SHOAL_SINGLE_COPY_BYTES=0 keeps transfers off peers' memory here too.
+    bool readable = L > 1 && cfg_.single_copy_bytes > 0;
+    for (int j = 0; j < L; ++j) readable = readable && seg_->can_read(j);
+    std::vector<int> links = job_.links;
+    links.resize(cfg_.size, -1);
+    p2p_ = std::make_unique<P2P>(job_, cfg_, *seg_, links, readable);
+  }
+  return *p2p_;
 }
 
 void Comm::stop_watching() {

@@ -5,12 +5,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap.h"
 #include "net.h"
+#include "p2p.h"
 #include "shm.h"
 #include "shoal/core.h"
 
@@ -30,6 +32,8 @@ class Comm {
   void allgather(const void* send, void* recv, std::size_t bytes_per_rank);
   void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
   void barrier();
+  // The communicator's point-to-point transfers (started on first use).
+  P2P& p2p();
   // The failure this rank reports after `seen` broke a collective: the root
   // cause as this host agrees on it (a peer on another host that failed first
   // says why in a notice). Publishes it to the local ranks and sends it to the
@@ -83,6 +87,8 @@ class Comm {
   Job job_;
   std::vector<net::Control> control_;  // per host index: notices from my peer there
   std::thread watcher_;
+  std::mutex p2p_mu_;
+  std::unique_ptr<P2P> p2p_;
   int wake_fd_ = -1;  // eventfd: ends the notice thread
   std::unique_ptr<HostSegment> seg_;
   uint64_t chunks_ = 0;  // chunks reduced since init: the counters' origin

@@ -129,6 +129,12 @@ class Engine : public Group, public std::enable_shared_from_this<Engine> {
     run(reduce_item(data, count, dtype, op, root));
   }
   void barrier() override { run(Item{Kind::Barrier}); }
+  WorkPtr send_async(const void* data, std::size_t bytes, int peer, int tag) override {
+    return live().p2p().send(data, bytes, peer, tag);
+  }
+  WorkPtr recv_async(void* data, std::size_t bytes, int peer, int tag) override {
+    return live().p2p().recv(data, bytes, peer, tag);
+  }
 
   bool idle() override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -290,6 +296,12 @@ class Engine : public Group, public std::enable_shared_from_this<Engine> {
       case Kind::Reduce: return comm_->reduce(it.data, it.count, it.dtype, it.op, it.root);
       case Kind::Barrier: return comm_->barrier();
     }
+  }
+
+  Comm& live() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (destroyed_) std::rethrow_exception(destroyed_);
+    return *comm_;
   }
 
   void check_root(int root, const char* name) const {

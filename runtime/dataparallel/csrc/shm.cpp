@@ -42,6 +42,8 @@ long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
 }
 
+}  // namespace
+
 bool process_gone(int pid) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
@@ -54,6 +56,8 @@ bool process_gone(int pid) {
   char state = line[close + 2];
   return state == 'Z' || state == 'X';
 }
+
+namespace {
 
 std::string join(const std::vector<int>& ranks) {
   std::string out;
@@ -86,7 +90,7 @@ struct HostSegment::Control {
 
 HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
                          std::vector<LocalPeer> peers, std::size_t slot_bytes, int depth,
-                         int timeout_ms)
+                         int timeout_ms, std::size_t extra_bytes)
     : name_(name),
       local_rank_(local_rank),
       peers_(std::move(peers)),
@@ -101,7 +105,8 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
   spin_ = (cores == 0 || (unsigned)local_size <= cores) ? 20000 : 50;
   if (const char* v = std::getenv("SHOAL_SPIN")) spin_ = std::atoi(v);
   const std::size_t ctl_bytes = (sizeof(Control) + 4095) & ~std::size_t(4095);
-  map_bytes_ = ctl_bytes + (std::size_t)depth_ * (std::size_t)local_size * slot_bytes_;
+  const std::size_t slots = (std::size_t)depth_ * (std::size_t)local_size * slot_bytes_;
+  map_bytes_ = ctl_bytes + slots + extra_bytes;
   int fd;
   if (create) {
     shm_unlink(name_.c_str());  // a stale segment of a crashed run with the same job id
@@ -125,6 +130,7 @@ HostSegment::HostSegment(const std::string& name, bool create, int local_rank,
   base_ = static_cast<char*>(p);
   ctl_ = reinterpret_cast<Control*>(base_);
   data_ = base_ + ctl_bytes;
+  extra_ = data_ + slots;
   if (create) {
     new (ctl_) Control();
     ctl_->local_size = (uint32_t)local_size;

@@ -16,6 +16,9 @@
 
 namespace shoal {
 
+// Whether a process is gone (exited, or a zombie not yet reaped).
+bool process_gone(int pid);
+
 struct LocalPeer {
   int global_rank;
   int pid;
@@ -28,8 +31,10 @@ class HostSegment {
  public:
   // Local rank 0 creates (create=true) before the others open. `depth` slot
   // sets: how many chunks a rank may run ahead of the slowest local rank.
+  // `extra_bytes`: an area after the slots for point-to-point mailboxes (extra()).
   HostSegment(const std::string& name, bool create, int local_rank,
-              std::vector<LocalPeer> peers, std::size_t slot_bytes, int depth, int timeout_ms);
+              std::vector<LocalPeer> peers, std::size_t slot_bytes, int depth, int timeout_ms,
+              std::size_t extra_bytes = 0);
   ~HostSegment();
   HostSegment(const HostSegment&) = delete;
   HostSegment& operator=(const HostSegment&) = delete;
@@ -40,6 +45,7 @@ class HostSegment {
   uint64_t depth() const { return (uint64_t)depth_; }
   int local_size() const { return (int)peers_.size(); }
   int global_rank(int local) const { return peers_[local].global_rank; }
+  char* extra() const { return extra_; }
   // The slot of `local_rank` in slot set `set` (< depth()).
   char* slot(int set, int local_rank) const;
   // Publishes one of this rank's counters and wakes waiters.
@@ -87,6 +93,7 @@ class HostSegment {
   char* base_ = nullptr;
   Control* ctl_ = nullptr;
   char* data_ = nullptr;
+  char* extra_ = nullptr;
   std::chrono::steady_clock::time_point last_liveness_{};
 };
 

@@ -100,7 +100,12 @@ class Work {
   // has. Never cuts a fusion buffer (unlike wait()). Keep it short: the
   // communicator's thread runs it before the next collective.
   virtual void when_done(std::function<void()> callback) = 0;
+  // A completed receive: the rank (in its communicator) whose message it got.
+  virtual int source() { return -1; }
 };
+
+// recv_async's peer for a message from any rank.
+constexpr int kAnySource = -1;
 using WorkPtr = std::shared_ptr<Work>;
 
 // A communicator over some of the job's ranks: the world, or a group.
@@ -133,6 +138,13 @@ class Group {
   virtual void barrier() = 0;
   // Starts every queued allreduce now (closes the open fusion buffer).
   virtual void flush() = 0;
+  // Point-to-point, independent of the collectives (any thread, any order):
+  // `peer` is a rank of the communicator (recv: or kAnySource). For one source
+  // and tag, messages match receives in the order both were issued; sizes must
+  // agree. Buffers stay alive and untouched until the handle completed. A
+  // thread that waits on a handle drives the transfers itself.
+  virtual WorkPtr send_async(const void* data, std::size_t bytes, int peer, int tag) = 0;
+  virtual WorkPtr recv_async(void* data, std::size_t bytes, int peer, int tag) = 0;
   // Nothing queued or running: a synchronous call would run on the caller's thread.
   virtual bool idle() = 0;
   // Local cleanup only (no collective): drains queued work, stops the worker,

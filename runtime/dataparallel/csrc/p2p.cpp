@@ -199,8 +199,11 @@ void P2P::enqueue(const std::shared_ptr<Op>& op) {
       outbox_[local_of_[op->peer]].push_back(op);
     }
     progress();  // eager sends complete here, on the caller's thread
+    if (!background_awake_ && open_ > 0) {
+      background_awake_ = true;
+      pending_cv_.notify_all();
+    }
   }
-  pending_cv_.notify_all();
 }
 
 // ---- matching -------------------------------------------------------------------
@@ -506,18 +509,27 @@ void P2P::wait(Op& op) {
   }
 }
 
-// Drives the transfers nobody waits on, sleeping on the bell (or the sockets).
+// Drives the transfers nobody waits on. Once woken it stays awake, looking
+// every millisecond, until nothing was pending for kLinger: a burst of
+// transfers (each completed by the thread that waits on it) then costs no
+// wake-up per transfer.
 void P2P::background() {
+  constexpr auto kLinger = std::chrono::milliseconds(50);
   std::unique_lock<std::mutex> lk(mu_);
+  auto last_busy = std::chrono::steady_clock::now();
   for (;;) {
-    pending_cv_.wait(lk, [this] { return stopping_ || open_ > 0; });
+    pending_cv_.wait(lk, [this] { return stopping_ || background_awake_; });
     if (stopping_) return;
-    const uint32_t seen = bell();
     progress();
-    if (open_ == 0) continue;
-    lk.unlock();
-    wait_for_bell(seen, 5);
-    lk.lock();
+    const auto now = std::chrono::steady_clock::now();
+    if (open_ > 0) last_busy = now;
+    if (open_ == 0 && now - last_busy > kLinger) {
+      background_awake_ = false;
+      continue;
+    }
+    // A timed sleep, not the bell: a ring is for the waiting threads, and waking
+    // this one too would cost a context switch per message.
+    pending_cv_.wait_for(lk, std::chrono::milliseconds(1));
   }
 }
 

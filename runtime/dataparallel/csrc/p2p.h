@@ -95,6 +95,7 @@ class P2P {
   std::size_t open_ = 0;                                  // transfers not yet complete
   std::chrono::steady_clock::time_point last_check_{};
   bool stopping_ = false;
+  bool background_awake_ = false;
   std::thread thread_;
 };
 

@@ -146,19 +146,55 @@ class ShoalWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
 
   bool wait(std::chrono::milliseconds /* timeout: the core's own applies */) override {
+    // A transfer is driven by the thread that waits on it: no hand-off to another thread.
+    if (transfer_) {
+      claimed_.store(true);
+      try {
+        transfer_->wait();
+      } catch (...) {
+      }
+      settle(finish_);
+    }
     future_->wait();
     if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
     return true;
   }
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override {
+    TORCH_CHECK(transfer_ && !isSend_, "shoal backend: sourceRank() is only for receives");
+    return transfer_->source();
+  }
 
   void complete() { future_->markCompleted(c10::IValue(outputs_)); }
   void fail(std::exception_ptr error) { future_->setError(translate(error)); }
+  // Runs the copies and completes the future, once, whoever gets here first (the
+  // completer thread, or the thread that waits on a transfer).
+  void settle(const std::function<void()>& finish) {
+    if (settled_.exchange(true)) return;
+    try {
+      if (transfer_) transfer_->wait();  // done: rethrows its error
+      if (finish) finish();
+      complete();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+  // A thread waits on this transfer and settles it: the completer need not.
+  bool claimed() const { return claimed_.load(); }
+  // A point-to-point work: its core handle and the step that copies into the user's tensor.
+  void set_transfer(shoal::WorkPtr handle, std::function<void()> finish, bool is_send) {
+    transfer_ = std::move(handle), finish_ = std::move(finish), isSend_ = is_send;
+  }
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> settled_{false};
+  std::atomic<bool> claimed_{false};
+  shoal::WorkPtr transfer_;
+  std::function<void()> finish_;
+  bool isSend_ = false;
 };
 
 struct Pending {
@@ -188,7 +224,9 @@ class Completer {
     if (shared->handles.empty()) return ready(shared);
     for (auto& handle : shared->handles) {
       handle->when_done([this, shared, left] {
-        if (left->fetch_sub(1) == 1) ready(shared);
+        if (left->fetch_sub(1) != 1) return;
+        if (shared->work->claimed()) return settled_elsewhere();  // no wake-up for nothing
+        ready(shared);
       });
     }
   }
@@ -205,6 +243,14 @@ class Completer {
  private:
   Completer() : thread_([this] { run(); }) { thread_.detach(); }
 
+  void settled_elsewhere() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --outstanding_;
+    }
+    idle_.notify_all();
+  }
+
   void ready(const std::shared_ptr<Pending>& pending) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -216,7 +262,7 @@ class Completer {
   void run() {
     for (;;) {
       {
-        std::shared_ptr<Pending> pending;
+        std::shared_ptr<Pending> pending;  // its work may have been settled by a waiter already
         {
           std::unique_lock<std::mutex> lock(mutex_);
           ready_.wait(lock, [this] { return !queue_.empty(); });
@@ -225,10 +271,9 @@ class Completer {
         }
         try {
           for (auto& handle : pending->handles) handle->wait();  // done: rethrows its error
-          if (pending->finish) pending->finish();
-          pending->work->complete();
+          pending->work->settle(pending->finish);
         } catch (...) {
-          pending->work->fail(std::current_exception());
+          pending->work->settle([error = std::current_exception()] { std::rethrow_exception(error); });
         }
       }  // the operation's tensors are released before this thread reports it done
       {
@@ -552,6 +597,28 @@ class ProcessGroupShoal : public c10d::Backend {
     return exchange(inputs, outputs, OpType::ALLTOALL, outputs);
   }
 
+  // ---- point-to-point: the core's transfers, outside the collectives' order ----
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    check_single(tensors);
+    check_peer(dst, "send");
+    at::Tensor flat = tensors[0].contiguous();
+    return transfer(OpType::SEND, tensors, [&] {
+      return group_->send_async(flat.data_ptr(), flat.nbytes(), dst, tag);
+    }, [flat] {}, true);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    check_single(tensors);
+    check_peer(src, "recv");
+    return receive(tensors, src, tag, OpType::RECV);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    check_single(tensors);
+    return receive(tensors, shoal::kAnySource, tag, OpType::RECVANYSOURCE);
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
     auto work = c10::make_intrusive<ShoalWork>(rank_, OpType::BARRIER, std::vector<at::Tensor>{});
     try {
@@ -592,6 +659,41 @@ class ProcessGroupShoal : public c10d::Backend {
     }
     Completer::instance().submit({std::move(issue.handles), std::move(finish), work});
     return work;
+  }
+
+  c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int src, int tag,
+                                         OpType type) {
+    at::Tensor tensor = tensors[0];
+    at::Tensor flat = tensor.contiguous();
+    return transfer(type, tensors, [&] {
+      return group_->recv_async(flat.data_ptr(), flat.nbytes(), src, tag);
+    }, copy_back(tensor, flat), false);
+  }
+
+  // A transfer completes on the waiting thread when someone waits, else on the
+  // completer thread (futures chained on it still complete on their own).
+  template <typename Start>
+  c10::intrusive_ptr<c10d::Work> transfer(OpType type, std::vector<at::Tensor> tensors, Start&& start,
+                                          std::function<void()> finish, bool is_send) {
+    auto work = c10::make_intrusive<ShoalWork>(rank_, type, std::move(tensors));
+    shoal::WorkPtr handle;
+    try {
+      handle = start();
+    } catch (const shoal::Error&) {
+      std::rethrow_exception(translate(std::current_exception()));
+    }
+    work->set_transfer(handle, finish, is_send);
+    if (handle->test()) {
+      work->settle(finish);
+      return work;
+    }
+    Completer::instance().submit({{handle}, std::move(finish), work});
+    return work;
+  }
+
+  void check_peer(int peer, const char* call) const {
+    TORCH_CHECK(peer >= 0 && peer < size_ && peer != rank_, "shoal backend: ", call, ": peer ",
+                peer, " is not another rank of the group of ", size_);
   }
 
   void check_root(int64_t root) const {

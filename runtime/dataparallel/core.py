@@ -251,6 +251,55 @@ def flush(group: Group | None = None) -> None:
     _binding().flush(_target(group))
 
 
+def reduce_scatter(
+    array: np.ndarray, op: str = "sum", dtype: str | None = None, group: Group | None = None
+) -> np.ndarray:
+    """Rank r's block (``array`` split in size equal blocks) reduced across the group."""
+    array = _checked(array)
+    size = init().size if group is None else group.size
+    if array.shape[0] % size:
+        raise ValidationError(f"reduce_scatter: the first dimension ({array.shape[0]}) must divide by {size}")
+    out = np.empty((array.shape[0] // size, *array.shape[1:]), dtype=array.dtype)
+    code = _dtype_code(array, dtype)
+    _binding().reduce_scatter(_target(group), _raw(array), _raw(out), code, _op_code(op))
+    return out
+
+
+def alltoall(array: np.ndarray, send_splits=None, recv_splits=None, group: Group | None = None):
+    """Rows of ``array`` to every rank (``send_splits[r]`` rows to rank r; default equal
+    parts); returns the rows received, in rank order (``recv_splits[r]`` from rank r)."""
+    array = np.ascontiguousarray(array)
+    size = init().size if group is None else group.size
+    row = array[0:1].nbytes if array.shape[0] else array.itemsize * int(np.prod(array.shape[1:]))
+    sends = list(send_splits) if send_splits is not None else [array.shape[0] // size] * size
+    recvs = list(recv_splits) if recv_splits is not None else sends
+    out = np.empty((sum(recvs), *array.shape[1:]), dtype=array.dtype)
+    sc = [n * row for n in sends]
+    rc = [n * row for n in recvs]
+    offsets = lambda counts: [sum(counts[:r]) for r in range(len(counts))]  # noqa: E731
+    _binding().alltoall(_target(group), _raw(array), sc, offsets(sc), _raw(out), rc, offsets(rc))
+    return out
+
+
+def gather(array: np.ndarray, root: int = 0, group: Group | None = None) -> np.ndarray | None:
+    """Root gets ``(size, *array.shape)``: row r is rank r's array; the others get None."""
+    array = np.ascontiguousarray(array)
+    target = _target(group)
+    topo = target.topology()
+    is_root = topo["rank"] == root
+    out = np.empty((topo["size"] if is_root else 0, *array.shape), dtype=array.dtype)
+    _binding().gather(target, _raw(array), _raw(out), int(root))
+    return out if is_root else None
+
+
+def scatter(array: np.ndarray | None, out: np.ndarray, root: int = 0, group: Group | None = None) -> np.ndarray:
+    """Root's ``array`` (``size`` rows of ``out``'s shape): rank r receives row r in ``out``."""
+    out = _checked(out)
+    send = np.ascontiguousarray(array) if array is not None else np.empty(0, dtype=out.dtype)
+    _binding().scatter(_target(group), _raw(send), _raw(out), int(root))
+    return out
+
+
 # Point-to-point: ``dst``/``src`` are ranks of ``group`` (default the world); ``src=None``
 # receives from any rank. Per source and tag, messages match receives in issue order.
 

@@ -92,11 +92,55 @@ def check_group(core, group, members, rank) -> int:
         gathered = core.allgather(np.full(n, rank, dtype=np.int32), group=group)
         assert [int(row[0]) for row in gathered] == members and (gathered[:, -1] == members).all()
         cases += 1
+    cases += check_exchanges(core, group, members, rank, hosts)
     handles = [core.allreduce_async(np.full(5, float(rank)), group=group) for _ in range(6)]
     for h in handles:
         assert (h.wait() == float(sum(members))).all()
     core.barrier(group=group)
     return cases + 1
+
+
+def check_exchanges(core, group, members, rank, hosts) -> int:
+    """Reduce-scatter and reduce (the core's fold order: local ranks, then hosts),
+    all-to-all with uneven splits, gather and scatter from every root."""
+    me, size = members.index(rank), len(members)
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            for n in (1, 5000, 70_001):
+                seed = (size, *members, 77, DTYPES.index(dtype), OPS.index(op), n)
+                inputs = [make_input(np.random.default_rng((*seed, r)), dtype, op, n * size)
+                          for r in range(size)]
+                out = core.reduce_scatter(inputs[me].copy(), op=op, group=group)
+                want = expected(inputs, dtype, op, hosts)[me * n : (me + 1) * n]
+                assert out.tobytes() == want.tobytes(), f"{members} rs {dtype} {op} n={n}"
+                root = n % size
+                mine = inputs[me].copy()
+                core.reduce(mine, op=op, root=root, group=group)
+                want = expected(inputs, dtype, op, hosts) if me == root else inputs[me]
+                assert mine.tobytes() == want.tobytes(), f"{members} reduce {dtype} {op} n={n}"
+                cases += 2
+    for n in (0, 3, 40_000):  # rows rank a sends rank b: n + a + 2b (some zero when n == 0)
+        rows = lambda a, b: n + a + 2 * b if n else (a + b) % 2  # noqa: E731
+        sends = [rows(me, b) for b in range(size)]
+        data = np.concatenate([np.full((rows(me, b), 3), 100 * me + b, dtype=np.int32)
+                               for b in range(size)])
+        got = core.alltoall(data, sends, [rows(a, me) for a in range(size)], group=group)
+        want = np.concatenate([np.full((rows(a, me), 3), 100 * a + me, dtype=np.int32)
+                               for a in range(size)])
+        assert np.array_equal(got, want), f"{members} alltoall n={n}"
+        cases += 1
+    for root in range(size):
+        for n in (1, 100_000):
+            block = np.arange(n, dtype=np.float64) + 1000 * me
+            gathered = core.gather(block, root=root, group=group)
+            if me == root:
+                assert np.array_equal(gathered, [np.arange(n) + 1000 * r for r in range(size)])
+            whole = np.stack([np.arange(n) * (r + 1.0) for r in range(size)]) if me == root else None
+            out = core.scatter(whole, np.empty(n), root=root, group=group)
+            assert np.array_equal(out, np.arange(n) * (me + 1.0)), f"{members} scatter"
+            cases += 2
+    return cases
 
 
 def check_interleaving(core, rank, size) -> None:
@@ -193,8 +237,8 @@ pytestmark = [
 ]
 
 
-def run_groups(ranks, **kwargs):
-    run_mpi(ranks, script=HERE, **kwargs)
+def run_groups(ranks, extra_env=None, **kwargs):
+    run_mpi(ranks, extra_env, script=HERE, **kwargs)
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
@@ -204,6 +248,11 @@ def test_groups_on_one_host(ranks):
 
 def test_groups_across_two_simulated_hosts():
     run_groups(4, per_rank_host=lambda r: f"h{r // 2}")
+
+
+def test_groups_without_reading_peers():
+    # Reduce-scatter and reduce fall back to an allreduce, transfers go in fragments.
+    run_groups(3, extra_env={"SHOAL_SINGLE_COPY_BYTES": "0"})
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

@@ -158,6 +158,40 @@ PYBIND11_MODULE(_core, m) {
     g->barrier();
   });
   m.def("flush", [](shoal::GroupPtr g) { g->flush(); });
+  m.def("reduce_scatter", [](shoal::GroupPtr g, py::buffer send, py::buffer recv, int dtype, int op) {
+    Span in = writable(send, "array"), out = writable(recv, "output");
+    auto d = static_cast<shoal::DType>(dtype);
+    const std::size_t n = count_of(out, d);
+    if (in.bytes != out.bytes * (std::size_t)g->topology().size)
+      throw shoal::Error(shoal::Error::Kind::Usage, "reduce_scatter input must hold size * output bytes");
+    py::gil_scoped_release nogil;
+    g->reduce_scatter(in.ptr, out.ptr, n, d, static_cast<shoal::ReduceOp>(op));
+  });
+  m.def("alltoall", [](shoal::GroupPtr g, py::buffer send, std::vector<std::size_t> sc,
+                       std::vector<std::size_t> so, py::buffer recv, std::vector<std::size_t> rc,
+                       std::vector<std::size_t> ro) {
+    Span in = writable(send, "array"), out = writable(recv, "output");
+    for (std::size_t r = 0; r < sc.size() && r < so.size(); ++r)
+      if (so[r] + sc[r] > in.bytes) throw shoal::Error(shoal::Error::Kind::Usage, "alltoall: a send block overruns the input");
+    for (std::size_t r = 0; r < rc.size() && r < ro.size(); ++r)
+      if (ro[r] + rc[r] > out.bytes) throw shoal::Error(shoal::Error::Kind::Usage, "alltoall: a receive block overruns the output");
+    py::gil_scoped_release nogil;
+    g->alltoall(in.ptr, sc, so, out.ptr, rc, ro);
+  });
+  m.def("gather", [](shoal::GroupPtr g, py::buffer send, py::buffer recv, int root) {
+    Span in = writable(send, "array"), out = writable(recv, "output");
+    if (g->topology().rank == root && out.bytes != in.bytes * (std::size_t)g->topology().size)
+      throw shoal::Error(shoal::Error::Kind::Usage, "gather output must hold size * input bytes on the root");
+    py::gil_scoped_release nogil;
+    g->gather(in.ptr, out.ptr, in.bytes, root);
+  });
+  m.def("scatter", [](shoal::GroupPtr g, py::buffer send, py::buffer recv, int root) {
+    Span in = writable(send, "array"), out = writable(recv, "output");
+    if (g->topology().rank == root && in.bytes != out.bytes * (std::size_t)g->topology().size)
+      throw shoal::Error(shoal::Error::Kind::Usage, "scatter input must hold size * output bytes on the root");
+    py::gil_scoped_release nogil;
+    g->scatter(in.ptr, out.ptr, out.bytes, root);
+  });
   m.def("send_async", [](shoal::GroupPtr g, py::buffer buf, int peer, int tag) {
     Span s = writable(buf, "array");
     return Handle{g->send_async(s.ptr, s.bytes, peer, tag), buf};

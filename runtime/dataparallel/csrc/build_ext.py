@@ -23,7 +23,7 @@ from setuptools import Extension
 HERE = Path(__file__).resolve().parent
 CORE_SOURCES = [
     "kernels.cpp", "net.cpp", "shm.cpp", "bootstrap.cpp", "comm.cpp", "allreduce.cpp",
-    "interhost.cpp", "broadcast.cpp", "allgather.cpp", "p2p.cpp", "engine.cpp",
+    "interhost.cpp", "broadcast.cpp", "allgather.cpp", "p2p.cpp", "exchange.cpp", "engine.cpp",
 ]
 
 

@@ -202,15 +202,6 @@ bool Comm::probe_single_copy() {
   return n == (ssize_t)sizeof value && value == probe_word_;
 }
 
-void Comm::reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
-  if (root < 0 || root >= cfg_.size)
-    throw Error(Error::Kind::Usage, "reduce: root " + std::to_string(root) + " is not a rank");
-  if (cfg_.size == 1) return;
-  if (cfg_.rank == root) return allreduce(data, count, dtype, op, "reduce");
-  std::vector<char> copy(static_cast<char*>(data), static_cast<char*>(data) + count * dtype_size(dtype));
-  allreduce(copy.data(), count, dtype, op, "reduce");
-}
-
 void Comm::barrier() {
   int32_t token = 0;
   allreduce(&token, 1, DType::Int32, ReduceOp::Sum, "barrier");

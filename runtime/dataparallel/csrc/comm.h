@@ -15,6 +15,7 @@
 #include "p2p.h"
 #include "shm.h"
 #include "shoal/core.h"
+#include "slicing.h"
 
 namespace shoal {
 
@@ -32,6 +33,15 @@ class Comm {
   void allgather(const void* send, void* recv, std::size_t bytes_per_rank);
   void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root);
   void barrier();
+  // exchange.cpp: reduce-scatter, all-to-all, gather, scatter (byte counts and
+  // offsets by rank, as core.h's Group describes them).
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void alltoall(const char* send, const std::vector<std::size_t>& send_counts,
+                const std::vector<std::size_t>& send_offsets, char* recv,
+                const std::vector<std::size_t>& recv_counts,
+                const std::vector<std::size_t>& recv_offsets);
+  void gather(const void* send, void* recv, std::size_t bytes, int root);
+  void scatter(const void* send, void* recv, std::size_t bytes, int root);
   // The communicator's point-to-point transfers (started on first use).
   P2P& p2p();
   // The failure this rank reports after `seen` broke a collective: the root
@@ -54,6 +64,10 @@ class Comm {
     return previous == kUnused || seg_->min(Counter::Gathered) > previous;
   }
   bool probe_single_copy();
+  // Local ranks may read each other's buffers (or there is no other local rank).
+  bool reads_peers() const;
+  void reduce_blocks(const char* send, char* out, const std::vector<Range>& blocks,
+                     DType dtype, ReduceOp op, const std::string& name);
   void read_peer(int local, uint64_t remote, void* local_buf, std::size_t bytes, const std::string& name);
   [[noreturn]] void peer_read_failed(int local, int err, const std::string& name);
   void wait_counter(Counter which, uint64_t target, const std::string& name);

@@ -79,7 +79,7 @@ class WorkImpl : public Work {
   std::vector<std::function<void()>> callbacks_;
 };
 
-enum class Kind { AllReduce, Broadcast, AllGather, Reduce, Barrier };
+enum class Kind { AllReduce, Broadcast, AllGather, Reduce, Barrier, ReduceScatter, AllToAll, Gather, Scatter };
 
 struct Item {
   Kind kind;
@@ -89,6 +89,7 @@ struct Item {
   DType dtype = DType::UInt8;
   ReduceOp op = ReduceOp::Sum;
   int root = 0;
+  Group::Sizes send_counts, send_offsets, recv_counts, recv_offsets;  // all-to-all
   bool flush_after = false;
   std::shared_ptr<WorkImpl> work;
   std::size_t bytes() const { return count * dtype_size(dtype); }
@@ -130,10 +131,37 @@ class Engine : public Group, public std::enable_shared_from_this<Engine> {
   }
   void barrier() override { run(Item{Kind::Barrier}); }
   WorkPtr send_async(const void* data, std::size_t bytes, int peer, int tag) override {
-    return live().p2p().send(data, bytes, peer, tag);
+    return live().p2p().send(data, bytes, peer, user_tag(tag));
   }
   WorkPtr recv_async(void* data, std::size_t bytes, int peer, int tag) override {
-    return live().p2p().recv(data, bytes, peer, tag);
+    return live().p2p().recv(data, bytes, peer, user_tag(tag));
+  }
+  WorkPtr reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                               ReduceOp op) override {
+    return submit(reduce_scatter_item(send, recv, count, dtype, op));
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                      ReduceOp op) override {
+    run(reduce_scatter_item(send, recv, count, dtype, op));
+  }
+  WorkPtr alltoall_async(const void* send, Sizes sc, Sizes so, void* recv, Sizes rc,
+                         Sizes ro) override {
+    return submit(alltoall_item(send, std::move(sc), std::move(so), recv, std::move(rc), std::move(ro)));
+  }
+  void alltoall(const void* send, Sizes sc, Sizes so, void* recv, Sizes rc, Sizes ro) override {
+    run(alltoall_item(send, std::move(sc), std::move(so), recv, std::move(rc), std::move(ro)));
+  }
+  WorkPtr gather_async(const void* send, void* recv, std::size_t bytes, int root) override {
+    return submit(rooted_item(Kind::Gather, send, recv, bytes, root, "gather"));
+  }
+  void gather(const void* send, void* recv, std::size_t bytes, int root) override {
+    run(rooted_item(Kind::Gather, send, recv, bytes, root, "gather"));
+  }
+  WorkPtr scatter_async(const void* send, void* recv, std::size_t bytes, int root) override {
+    return submit(rooted_item(Kind::Scatter, send, recv, bytes, root, "scatter"));
+  }
+  void scatter(const void* send, void* recv, std::size_t bytes, int root) override {
+    run(rooted_item(Kind::Scatter, send, recv, bytes, root, "scatter"));
   }
 
   bool idle() override {
@@ -295,7 +323,43 @@ class Engine : public Group, public std::enable_shared_from_this<Engine> {
       case Kind::AllGather: return comm_->allgather(it.send, it.data, it.count);
       case Kind::Reduce: return comm_->reduce(it.data, it.count, it.dtype, it.op, it.root);
       case Kind::Barrier: return comm_->barrier();
+      case Kind::ReduceScatter:
+        return comm_->reduce_scatter(it.send, it.data, it.count, it.dtype, it.op);
+      case Kind::AllToAll:
+        return comm_->alltoall(static_cast<const char*>(it.send), it.send_counts, it.send_offsets,
+                               static_cast<char*>(it.data), it.recv_counts, it.recv_offsets);
+      case Kind::Gather: return comm_->gather(it.send, it.data, it.count, it.root);
+      case Kind::Scatter: return comm_->scatter(it.send, it.data, it.count, it.root);
     }
+  }
+
+  static int user_tag(int tag) {
+    if (tag < 0) throw Error(Error::Kind::Usage, "tags must be >= 0 (got " + std::to_string(tag) + ")");
+    return tag;
+  }
+  static Item reduce_scatter_item(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) {
+    Item it{Kind::ReduceScatter};
+    it.send = send, it.data = recv, it.count = count, it.dtype = dtype, it.op = op;
+    return it;
+  }
+  Item alltoall_item(const void* send, Sizes sc, Sizes so, void* recv, Sizes rc, Sizes ro) const {
+    const std::size_t n = (std::size_t)topo_.size;
+    if (sc.size() != n || so.size() != n || rc.size() != n || ro.size() != n)
+      throw Error(Error::Kind::Usage, "alltoall: counts and offsets need " + std::to_string(n) +
+                                          " entries each");
+    Item it{Kind::AllToAll};
+    it.send = send, it.data = recv;
+    it.send_counts = std::move(sc), it.send_offsets = std::move(so);
+    it.recv_counts = std::move(rc), it.recv_offsets = std::move(ro);
+    return it;
+  }
+  Item rooted_item(Kind kind, const void* send, void* recv, std::size_t bytes, int root,
+                   const char* name) const {
+    check_root(root, name);
+    Item it{kind};
+    it.send = send, it.data = recv, it.count = bytes, it.root = root;
+    return it;
   }
 
   Comm& live() {

@@ -136,10 +136,30 @@ class Group {
   virtual WorkPtr reduce_async(void* data, std::size_t count, DType dtype, ReduceOp op, int root) = 0;
   virtual void reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) = 0;
   virtual void barrier() = 0;
+  // `recv` holds count elements: the reduction of every rank's elements
+  // [rank * count, (rank + 1) * count) of `send`.
+  virtual WorkPtr reduce_scatter_async(const void* send, void* recv, std::size_t count, DType dtype,
+                                       ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                              ReduceOp op) = 0;
+  // Bytes, by rank: rank r gets send_counts[r] bytes from `send` + send_offsets[r],
+  // and this rank's recv + recv_offsets[r] receives recv_counts[r] bytes from rank r.
+  using Sizes = std::vector<std::size_t>;
+  virtual WorkPtr alltoall_async(const void* send, Sizes send_counts, Sizes send_offsets, void* recv,
+                                 Sizes recv_counts, Sizes recv_offsets) = 0;
+  virtual void alltoall(const void* send, Sizes send_counts, Sizes send_offsets, void* recv,
+                        Sizes recv_counts, Sizes recv_offsets) = 0;
+  // Root's `recv` holds size * bytes: rank r's `send` at r * bytes (others: unused).
+  virtual WorkPtr gather_async(const void* send, void* recv, std::size_t bytes, int root) = 0;
+  virtual void gather(const void* send, void* recv, std::size_t bytes, int root) = 0;
+  // Root's `send` holds size * bytes; rank r receives the block at r * bytes.
+  virtual WorkPtr scatter_async(const void* send, void* recv, std::size_t bytes, int root) = 0;
+  virtual void scatter(const void* send, void* recv, std::size_t bytes, int root) = 0;
   // Starts every queued allreduce now (closes the open fusion buffer).
   virtual void flush() = 0;
   // Point-to-point, independent of the collectives (any thread, any order):
-  // `peer` is a rank of the communicator (recv: or kAnySource). For one source
+  // `peer` is a rank of the communicator (recv: or kAnySource); tags are >= 0.
+  // For one source
   // and tag, messages match receives in the order both were issued; sizes must
   // agree. Buffers stay alive and untouched until the handle completed. A
   // thread that waits on a handle drives the transfers itself.

@@ -1,0 +1,198 @@
+// Reduce-scatter, reduce, all-to-all, gather and scatter (see comm.h): each
+// moves only the bytes its result needs.
+//
+// Reduce-scatter (and reduce, its first half) reads peers' buffers directly
+// inside a host: local rank j reduces, from every local buffer, the blocks of
+// the ranks with local rank j on every host (one column), in local-rank order;
+// across hosts each host's partial of a block goes once to the host that owns
+// it, over the same-local-rank mesh, and is folded in host order. Every rank
+// thus reads (L - 1) blocks per host and sends (H - 1) partials: half of what
+// an allreduce moves. Where peers' memory cannot be read, it falls back to an
+// allreduce of a copy.
+//
+// All-to-all, gather and scatter are point-to-point transfers on the
+// communicator's own tag (inside a host read in place from the sender's buffer
+// into the receiver's), all posted before any is waited for.
+#include "comm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels.h"
+#include "net.h"
+#include "slicing.h"
+
+namespace shoal {
+
+namespace {
+// Tags below zero are the communicator's own; users' tags are >= 0.
+constexpr int kCollectiveTag = -2;
+
+void wait_all(std::vector<WorkPtr>& handles) {
+  std::exception_ptr first;
+  for (auto& h : handles) {
+    try {
+      h->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+}  // namespace
+
+// Every rank's `send` holds the blocks of all ranks (`blocks`, element ranges
+// by rank); `out` receives this rank's reduced block.
+void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& blocks,
+                         DType dtype, ReduceOp op, const std::string& name) {
+  const Topology& t = job_.topo;
+  const int L = t.local_size, me = t.local_rank, H = t.num_hosts, host = t.host_index;
+  const std::size_t es = dtype_size(dtype);
+  const int divisor = op == ReduceOp::Average ? t.size : 1;
+  const uint64_t g = ++chunks_;
+  if (L > 1) {
+    seg_->set_address(reinterpret_cast<uint64_t>(send));
+    seg_->publish(Counter::Posted, g);
+    wait_counter(Counter::Posted, g, name);
+  }
+  const std::size_t piece = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
+  pieces_.resize((std::size_t)L * piece * es);
+  out_.resize(H);
+  std::vector<const void*> srcs(std::max(L, H));
+  for (int h = 0; h < H; ++h) {
+    const Range b = blocks[job_.host_ranks[h][me]];
+    if (h != host) out_[h].resize(b.size() * es);
+    char* dst = h == host ? out : out_[h].data();
+    for (std::size_t lo = 0; lo < b.size(); lo += piece) {
+      const std::size_t n = std::min(piece, b.size() - lo);
+      const std::size_t at = (b.lo + lo) * es;
+      for (int j = 0; j < L; ++j) {
+        if (j == me) {
+          srcs[j] = send + at;
+          continue;
+        }
+        char* buf = pieces_.data() + (std::size_t)j * piece * es;
+        read_peer(j, seg_->address(j) + at, buf, n * es, name);
+        srcs[j] = buf;
+      }
+      reduce_into(dtype, op, dst + lo * es, srcs.data(), L, n, H == 1 ? divisor : 1);
+    }
+  }
+  if (L > 1) {  // no local peer reads this rank's buffer any more
+    seg_->publish(Counter::Reduced, g);
+    wait_counter(Counter::Reduced, g, name);
+    seg_->publish(Counter::Gathered, g);
+  }
+  if (H == 1) return;
+  const Range mine = blocks[t.rank];
+  in_.resize(H);
+  std::vector<net::Transfer> xfer;
+  for (int h = 0; h < H; ++h) {
+    if (h == host) continue;
+    const int peer = job_.global(job_.host_ranks[h][me]);
+    in_[h].resize(mine.size() * es);
+    xfer.push_back({job_.mesh[h], out_[h].data(), out_[h].size(), true, peer});
+    xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer});
+  }
+  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); });
+  for (int h = 0; h < H; ++h) srcs[h] = h == host ? static_cast<const void*>(out) : in_[h].data();
+  reduce_into(dtype, op, out, srcs.data(), H, mine.size(), divisor);
+}
+
+bool Comm::reads_peers() const { return job_.topo.local_size == 1 || single_copy_; }
+
+void Comm::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype,
+                          ReduceOp op) {
+  const std::size_t es = dtype_size(dtype);
+  const int size = cfg_.size;
+  if (size == 1) return (void)std::memmove(recv, send, count * es);
+  if (count == 0) return;
+  if (!reads_peers()) {  // an allreduce of a copy; this rank keeps its block
+    std::vector<char> all(static_cast<const char*>(send),
+                          static_cast<const char*>(send) + count * es * size);
+    allreduce(all.data(), count * size, dtype, op, "reduce_scatter");
+    return (void)std::memcpy(recv, all.data() + cfg_.rank * count * es, count * es);
+  }
+  std::vector<Range> blocks(size);
+  for (int r = 0; r < size; ++r) blocks[r] = {r * count, (r + 1) * count};
+  reduce_blocks(static_cast<const char*>(send), static_cast<char*>(recv), blocks, dtype, op,
+                "reduce_scatter");
+}
+
+// The reduce-scatter of balanced blocks, then the blocks to the root.
+void Comm::reduce(void* data, std::size_t count, DType dtype, ReduceOp op, int root) {
+  if (root < 0 || root >= cfg_.size)
+    throw Error(Error::Kind::Usage, "reduce: root " + std::to_string(root) + " is not a rank");
+  if (cfg_.size == 1 || count == 0) return;
+  const std::size_t es = dtype_size(dtype);
+  char* base = static_cast<char*>(data);
+  if (!reads_peers()) {
+    if (cfg_.rank == root) return allreduce(data, count, dtype, op, "reduce");
+    std::vector<char> copy(base, base + count * es);
+    return allreduce(copy.data(), count, dtype, op, "reduce");
+  }
+  std::vector<Range> blocks(cfg_.size);
+  for (int r = 0; r < cfg_.size; ++r) blocks[r] = part(count, cfg_.size, r, es);
+  const Range mine = blocks[cfg_.rank];
+  std::vector<char> block(mine.size() * es);
+  reduce_blocks(base, block.data(), blocks, dtype, op, "reduce");
+  std::vector<WorkPtr> handles;
+  if (cfg_.rank != root) {
+    if (!block.empty()) handles.push_back(p2p().send(block.data(), block.size(), root, kCollectiveTag));
+  } else {
+    for (int r = 0; r < cfg_.size; ++r)
+      if (r != root && blocks[r].size() > 0)
+        handles.push_back(p2p().recv(base + blocks[r].lo * es, blocks[r].size() * es, r, kCollectiveTag));
+  }
+  wait_all(handles);
+  if (cfg_.rank == root && !block.empty()) std::memcpy(base + mine.lo * es, block.data(), block.size());
+}
+
+void Comm::alltoall(const char* send, const std::vector<std::size_t>& send_counts,
+                    const std::vector<std::size_t>& send_offsets, char* recv,
+                    const std::vector<std::size_t>& recv_counts,
+                    const std::vector<std::size_t>& recv_offsets) {
+  const int me = cfg_.rank;
+  std::vector<WorkPtr> handles;
+  for (int r = 0; r < cfg_.size; ++r)
+    if (r != me && recv_counts[r] > 0)
+      handles.push_back(p2p().recv(recv + recv_offsets[r], recv_counts[r], r, kCollectiveTag));
+  for (int k = 1; k < cfg_.size; ++k) {  // staggered, so that ranks do not all start at rank 0
+    const int r = (me + k) % cfg_.size;
+    if (send_counts[r] > 0)
+      handles.push_back(p2p().send(send + send_offsets[r], send_counts[r], r, kCollectiveTag));
+  }
+  if (send_counts[me] != recv_counts[me])
+    throw Error(Error::Kind::Usage, "alltoall: this rank sends itself " + std::to_string(send_counts[me]) +
+                                        " bytes but expects " + std::to_string(recv_counts[me]));
+  std::memmove(recv + recv_offsets[me], send + send_offsets[me], send_counts[me]);
+  wait_all(handles);
+}
+
+void Comm::gather(const void* send, void* recv, std::size_t bytes, int root) {
+  char* out = static_cast<char*>(recv);
+  std::vector<WorkPtr> handles;
+  if (cfg_.rank == root) {
+    for (int r = 0; r < cfg_.size; ++r)
+      if (r != root && bytes > 0) handles.push_back(p2p().recv(out + r * bytes, bytes, r, kCollectiveTag));
+    std::memmove(out + root * bytes, send, bytes);
+  } else if (bytes > 0) {
+    handles.push_back(p2p().send(send, bytes, root, kCollectiveTag));
+  }
+  wait_all(handles);
+}
+
+void Comm::scatter(const void* send, void* recv, std::size_t bytes, int root) {
+  const char* in = static_cast<const char*>(send);
+  std::vector<WorkPtr> handles;
+  if (cfg_.rank == root) {
+    for (int r = 0; r < cfg_.size; ++r)
+      if (r != root && bytes > 0) handles.push_back(p2p().send(in + r * bytes, bytes, r, kCollectiveTag));
+    std::memmove(recv, in + root * bytes, bytes);
+  } else if (bytes > 0) {
+    handles.push_back(p2p().recv(recv, bytes, root, kCollectiveTag));
+  }
+  wait_all(handles);
+}
+
+}  // namespace shoal

@@ -28,7 +28,9 @@ namespace {
 // Tags below zero are the communicator's own; users' tags are >= 0.
 constexpr int kCollectiveTag = -2;
 
-void wait_all(std::vector<WorkPtr>& handles) {
+// Waits for every handle (none is left reading or writing a buffer), then
+// returns the first error.
+std::exception_ptr settle_all(std::vector<WorkPtr>& handles) {
   std::exception_ptr first;
   for (auto& h : handles) {
     try {
@@ -37,7 +39,11 @@ void wait_all(std::vector<WorkPtr>& handles) {
       if (!first) first = std::current_exception();
     }
   }
-  if (first) std::rethrow_exception(first);
+  return first;
+}
+
+void wait_all(std::vector<WorkPtr>& handles) {
+  if (auto error = settle_all(handles)) std::rethrow_exception(error);
 }
 }  // namespace
 
@@ -153,6 +159,8 @@ void Comm::alltoall(const char* send, const std::vector<std::size_t>& send_count
                     const std::vector<std::size_t>& recv_counts,
                     const std::vector<std::size_t>& recv_offsets) {
   const int me = cfg_.rank;
+  // A rank whose own sizes disagree still takes part (the others go on), then fails.
+  const bool mismatch = send_counts[me] != recv_counts[me];
   std::vector<WorkPtr> handles;
   for (int r = 0; r < cfg_.size; ++r)
     if (r != me && recv_counts[r] > 0)
@@ -162,11 +170,15 @@ void Comm::alltoall(const char* send, const std::vector<std::size_t>& send_count
     if (send_counts[r] > 0)
       handles.push_back(p2p().send(send + send_offsets[r], send_counts[r], r, kCollectiveTag));
   }
-  if (send_counts[me] != recv_counts[me])
-    throw Error(Error::Kind::Usage, "alltoall: this rank sends itself " + std::to_string(send_counts[me]) +
-                                        " bytes but expects " + std::to_string(recv_counts[me]));
-  std::memmove(recv + recv_offsets[me], send + send_offsets[me], send_counts[me]);
-  wait_all(handles);
+  if (!mismatch) std::memmove(recv + recv_offsets[me], send + send_offsets[me], send_counts[me]);
+  const std::exception_ptr error = settle_all(handles);
+  if (error && !mismatch) std::rethrow_exception(error);
+  if (mismatch) {
+    const std::string r = std::to_string(job_.global(me));
+    throw Error(Error::Kind::Usage, "alltoall: rank " + r + " sent " + std::to_string(send_counts[me]) +
+                                        " bytes to rank " + r + ", which expected " +
+                                        std::to_string(recv_counts[me]));
+  }
 }
 
 void Comm::gather(const void* send, void* recv, std::size_t bytes, int root) {

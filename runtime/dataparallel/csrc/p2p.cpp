@@ -227,11 +227,14 @@ void P2P::bind(const std::shared_ptr<Message>& m, const std::shared_ptr<Op>& op)
   op->from = m->source;
   if (m->total != op->bytes) {
     op->finish(std::make_exception_ptr(Error(
-        Error::Kind::Usage, "recv: the message from rank " + std::to_string(job_.global(m->source)) +
-                                " (tag " + std::to_string(m->tag) + ") has " +
-                                std::to_string(m->total) + " bytes, the buffer " +
-                                std::to_string(op->bytes))));
-    return;  // the message's remaining bytes are dropped
+        Error::Kind::Usage, "recv: rank " + std::to_string(job_.global(m->source)) + " sent " +
+                                std::to_string(m->total) + " bytes to rank " +
+                                std::to_string(cfg_.global_rank) + ", which expected " +
+                                std::to_string(op->bytes) +
+                                (m->tag >= 0 ? " (tag " + std::to_string(m->tag) + ")" : ""))));
+    // The message is dropped; a sender waiting for it to be read is released.
+    if (m->address) acknowledge(*m);
+    return;
   }
   m->recv = op;
   if (m->got > 0) std::memcpy(op->data, m->data.data(), m->got);
@@ -266,10 +269,15 @@ void P2P::read_address(Message& m) {
     }
     dst += n, remote += (uint64_t)n, left -= (std::size_t)n;
   }
-  box(area_, L_, local, me_)->acks[m.id % kAcks].store(m.id + 1, std::memory_order_release);
-  ring(local);
+  acknowledge(m);
   m.got = m.total;
   m.recv->finish();
+}
+
+void P2P::acknowledge(const Message& m) {
+  const int local = local_of_[m.source];
+  box(area_, L_, local, me_)->acks[m.id % kAcks].store(m.id + 1, std::memory_order_release);
+  ring(local);
 }
 
 // ---- inside a host --------------------------------------------------------------

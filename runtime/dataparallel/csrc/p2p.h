@@ -66,6 +66,7 @@ class P2P {
   void bind(const std::shared_ptr<Message>& m, const std::shared_ptr<Op>& recv);
   void fill(Message& m, const char* bytes, std::size_t n);
   void read_address(Message& m);
+  void acknowledge(const Message& m);
   void check_peers();
   void fail_ops(int peer, const Error& e);
   void ring(int local);

@@ -7,9 +7,9 @@
 // to a communicator of the core (shoal/core.h: the world, or a group over the
 // process group's ranks, set up through torch's store), which owns the
 // shared memory, the connections, the fusion buffers and the worker thread.
-// The core offers allreduce, broadcast, allgather and reduce; the other
-// collectives are built on them: gather on allgather, scatter on broadcast,
-// reduce-scatter on allreduce, all-to-all on allgather.
+// Every collective and point-to-point call maps to the core's own (allreduce,
+// broadcast, allgather, reduce, reduce-scatter, all-to-all, gather, scatter,
+// send, recv), which moves only the bytes its result needs.
 //
 // Two ways through (Issue below). An operation of at most
 // SHOAL_TORCH_EAGER_BYTES (256 KiB) on an idle communicator runs on the
@@ -313,6 +313,24 @@ class Issue {
     if (eager) return group_.reduce(data, count, dtype, op, root);
     handles.push_back(group_.reduce_async(data, count, dtype, op, root));
   }
+  void reduce_scatter(const void* send, void* recv, size_t count, shoal::DType dtype,
+                      shoal::ReduceOp op) {
+    if (eager) return group_.reduce_scatter(send, recv, count, dtype, op);
+    handles.push_back(group_.reduce_scatter_async(send, recv, count, dtype, op));
+  }
+  void alltoall(const void* send, shoal::Group::Sizes sc, shoal::Group::Sizes so, void* recv,
+                shoal::Group::Sizes rc, shoal::Group::Sizes ro) {
+    if (eager) return group_.alltoall(send, sc, so, recv, rc, ro);
+    handles.push_back(group_.alltoall_async(send, sc, so, recv, rc, ro));
+  }
+  void gather(const void* send, void* recv, size_t bytes, int root) {
+    if (eager) return group_.gather(send, recv, bytes, root);
+    handles.push_back(group_.gather_async(send, recv, bytes, root));
+  }
+  void scatter(const void* send, void* recv, size_t bytes, int root) {
+    if (eager) return group_.scatter(send, recv, bytes, root);
+    handles.push_back(group_.scatter_async(send, recv, bytes, root));
+  }
 
  private:
   shoal::Group& group_;
@@ -470,14 +488,15 @@ class ProcessGroupShoal : public c10d::Backend {
     });
   }
 
-  // Over the core's allgather: every rank receives all, only the root keeps them.
+  // The root receives every rank's tensor (point-to-point, nothing to the others).
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
     check_single(inputs);
     check_root(opts.rootRank);
+    const int root = static_cast<int>(opts.rootRank);
     std::vector<at::Tensor> targets;
-    if (rank_ == opts.rootRank) {
+    if (rank_ == root) {
       TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                   "shoal backend: gather needs one output list of group-size tensors on the "
                   "root");
@@ -487,17 +506,27 @@ class ProcessGroupShoal : public c10d::Backend {
       TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                   "shoal backend: gather takes no output list on ranks other than the root");
     }
-    return gather_into(inputs[0], targets, OpType::GATHER);
+    at::Tensor input = inputs[0];
+    return launch(OpType::GATHER, targets, input.nbytes() * size_, [&](Issue& issue) {
+      at::Tensor send = input.contiguous();
+      at::Tensor flat = rank_ == root ? at::empty({size_ * send.numel()}, send.options())
+                                      : at::empty({0}, send.options());
+      issue.gather(send.data_ptr(), flat.data_ptr(), send.nbytes(), root);
+      return std::function<void()>([send, flat, targets]() mutable {
+        const int64_t n = send.numel();
+        for (size_t r = 0; r < targets.size(); ++r)
+          targets[r].copy_(flat.narrow(0, r * n, n).view(targets[r].sizes()));
+      });
+    });
   }
 
-  // Over the core's broadcast of the root's whole list: each rank keeps its part.
+  // The root sends each rank its tensor (point-to-point).
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     check_single(outputs);
     check_root(opts.rootRank);
     at::Tensor output = outputs[0];
-    const int64_t n = output.numel();
     if (rank_ == opts.rootRank) {
       TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
                   "shoal backend: scatter needs one input list of group-size tensors on the root");
@@ -509,16 +538,17 @@ class ProcessGroupShoal : public c10d::Backend {
     const int root = static_cast<int>(opts.rootRank);
     return launch(OpType::SCATTER, outputs, output.nbytes() * size_, [&](Issue& issue) {
       at::Tensor flat = rank_ == root ? at::cat(flatten_all(inputs[0]))
-                                      : at::empty({size_ * n}, output.options());
-      issue.broadcast(flat.data_ptr(), flat.nbytes(), root);
-      const int64_t offset = rank_ * n;
-      return std::function<void()>([output, flat, n, offset]() mutable {
-        output.copy_(flat.narrow(0, offset, n).view(output.sizes()));
+                                      : at::empty({0}, output.options());
+      at::Tensor into = output.contiguous();
+      issue.scatter(flat.data_ptr(), into.data_ptr(), into.nbytes(), root);
+      auto copy = copy_back(output, into);
+      return std::function<void()>([flat, copy] {
+        if (copy) copy();
       });
     });
   }
 
-  // ---- reduce-scatter: over the core's allreduce of the whole input ------------
+  // ---- reduce-scatter: the core's, half an allreduce's traffic -----------------
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -528,10 +558,15 @@ class ProcessGroupShoal : public c10d::Backend {
                 "shoal backend: reduce_scatter needs one input list of group-size tensors");
     check_like(inputs[0], outputs[0], "reduce_scatter");
     const auto op = to_op(opts.reduceOp);
-    return launch(OpType::REDUCE_SCATTER, outputs, outputs[0].nbytes() * size_, [&](Issue& issue) {
+    at::Tensor output = outputs[0];
+    return launch(OpType::REDUCE_SCATTER, outputs, output.nbytes() * size_, [&](Issue& issue) {
       at::Tensor flat = at::cat(flatten_all(inputs[0]));
-      issue.allreduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op);
-      return own_share(outputs[0], flat);
+      at::Tensor into = output.contiguous();
+      issue.reduce_scatter(flat.data_ptr(), into.data_ptr(), into.numel(), to_dtype(into), op);
+      auto copy = copy_back(output, into);
+      return std::function<void()>([flat, copy] {
+        if (copy) copy();
+      });
     });
   }
 
@@ -558,15 +593,17 @@ class ProcessGroupShoal : public c10d::Backend {
     return launch(type, outputs, total_bytes(inputs), [&](Issue& issue) {
       std::vector<std::function<void()>> copies;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        at::Tensor flat = inputs[i].contiguous().view({-1}).clone();
-        issue.allreduce(flat.data_ptr(), flat.numel(), to_dtype(flat), op);
-        copies.push_back(own_share(outputs[i], flat));
+        at::Tensor send = inputs[i].contiguous();
+        at::Tensor into = outputs[i].contiguous();
+        issue.reduce_scatter(send.data_ptr(), into.data_ptr(), into.numel(), to_dtype(into), op);
+        if (auto copy = copy_back(outputs[i], into)) copies.push_back(std::move(copy));
+        copies.push_back([send] {});  // the input stays alive until the end
       }
       return run_all(std::move(copies));
     });
   }
 
-  // ---- all-to-all: over the core's allgather of every rank's whole input --------
+  // ---- all-to-all: the core's, each block straight to its rank -----------------
 
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
@@ -576,9 +613,19 @@ class ProcessGroupShoal : public c10d::Backend {
     check_cpu(input);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                 "shoal backend: all_to_all_single: input and output dtypes differ");
-    return exchange(split_rows(input, input_splits, "input"),
-                    split_rows(output, output_splits, "output"), OpType::ALLTOALL_BASE,
-                    {output});
+    const auto sends = split_rows(input, input_splits, "input");
+    const auto recvs = split_rows(output, output_splits, "output");
+    return launch(OpType::ALLTOALL_BASE, {output}, input.nbytes() + output.nbytes(),
+                  [&](Issue& issue) {
+      at::Tensor send = input.contiguous();
+      at::Tensor into = output.contiguous();
+      issue.alltoall(send.data_ptr(), byte_sizes(sends), byte_offsets(sends), into.data_ptr(),
+                     byte_sizes(recvs), byte_offsets(recvs));
+      auto copy = copy_back(output, into);
+      return std::function<void()>([send, copy] {
+        if (copy) copy();
+      });
+    });
   }
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
@@ -594,7 +641,22 @@ class ProcessGroupShoal : public c10d::Backend {
                       outputs[r].scalar_type() == inputs[0].scalar_type(),
                   "shoal backend: all_to_all: every input and output must have the same dtype");
     }
-    return exchange(inputs, outputs, OpType::ALLTOALL, outputs);
+    return launch(OpType::ALLTOALL, outputs, total_bytes(inputs) + total_bytes(outputs),
+                  [&](Issue& issue) {
+      at::Tensor send = at::cat(flatten_all(inputs));
+      at::Tensor into = at::empty({static_cast<int64_t>(total_bytes(outputs))}, at::kByte);
+      issue.alltoall(send.data_ptr(), byte_sizes(inputs), byte_offsets(inputs), into.data_ptr(),
+                     byte_sizes(outputs), byte_offsets(outputs));
+      std::vector<at::Tensor> targets = outputs;
+      return std::function<void()>([send, into, targets]() mutable {
+        int64_t at = 0;
+        for (auto& t : targets) {
+          const int64_t n = static_cast<int64_t>(t.nbytes());
+          t.copy_(into.narrow(0, at, n).view(t.scalar_type()).view(t.sizes()));
+          at += n;
+        }
+      });
+    });
   }
 
   // ---- point-to-point: the core's transfers, outside the collectives' order ----
@@ -770,14 +832,6 @@ class ProcessGroupShoal : public c10d::Backend {
     });
   }
 
-  // The step that copies this rank's share of the reduced `flat` into `output`.
-  std::function<void()> own_share(at::Tensor output, at::Tensor flat) const {
-    const int64_t n = output.numel();
-    const int64_t offset = rank_ * n;
-    return [output, flat, n, offset]() mutable {
-      output.copy_(flat.narrow(0, offset, n).view(output.sizes()));
-    };
-  }
   // all_to_all_single's split sizes (rows of dim 0; none: equal parts) as views.
   std::vector<at::Tensor> split_rows(const at::Tensor& tensor, std::vector<int64_t> splits,
                                      const char* what) const {
@@ -804,60 +858,17 @@ class ProcessGroupShoal : public c10d::Backend {
     return parts;
   }
 
-  // Byte counts sent by every rank to every rank: row s, column d = s to d.
-  std::vector<int64_t> size_table(const std::vector<at::Tensor>& sends) const {
-    std::vector<int64_t> mine(size_), table(size_ * size_);
-    for (int d = 0; d < size_; ++d) mine[d] = static_cast<int64_t>(sends[d].nbytes());
-    try {
-      WithoutGil nogil;
-      group_->allgather(mine.data(), table.data(), mine.size() * sizeof(int64_t));
-    } catch (const shoal::Error&) {
-      std::rethrow_exception(translate(std::current_exception()));
-    }
-    return table;
+  static shoal::Group::Sizes byte_sizes(const std::vector<at::Tensor>& parts) {
+    shoal::Group::Sizes sizes;
+    for (const auto& p : parts) sizes.push_back(p.nbytes());
+    return sizes;
   }
 
-  // All-to-all over the core: sizes are exchanged first (synchronously, from this
-  // thread, so the order of collectives stays the program's), then every rank's
-  // packed sends, padded to the largest rank's total, are allgathered and each
-  // rank picks out what was addressed to it.
-  c10::intrusive_ptr<c10d::Work> exchange(std::vector<at::Tensor> sends,
-                                          std::vector<at::Tensor> recvs, OpType type,
-                                          std::vector<at::Tensor> outputs) {
-    const std::vector<int64_t> table = size_table(sends);
-    int64_t width = 0;
-    for (int s = 0; s < size_; ++s) {
-      width = std::max(width, std::accumulate(table.begin() + s * size_,
-                                              table.begin() + (s + 1) * size_, int64_t{0}));
-    }
-    return launch(type, outputs, static_cast<size_t>(width * size_), [&](Issue& issue) {
-      at::Tensor packed = at::empty({width}, at::kByte);
-      int64_t offset = 0;
-      for (const auto& send : sends) {
-        at::Tensor part = send.contiguous();
-        if (part.nbytes() > 0) {
-          std::memcpy(packed.data_ptr<uint8_t>() + offset, part.data_ptr(), part.nbytes());
-        }
-        offset += static_cast<int64_t>(part.nbytes());
-      }
-      at::Tensor all = at::empty({size_ * width}, at::kByte);
-      // Every rank computed the same width: all skip together.
-      if (width > 0) issue.allgather(packed.data_ptr(), all.data_ptr(), width);
-      const int me = rank_, size = size_;
-      return std::function<void()>([packed, all, table, width, recvs, me, size]() mutable {
-        for (int s = 0; s < size; ++s) {
-          const int64_t* row = table.data() + s * size;
-          const int64_t start = std::accumulate(row, row + me, int64_t{0});
-          TORCH_CHECK(row[me] == static_cast<int64_t>(recvs[s].nbytes()),
-                      "shoal backend: all_to_all: rank ", s, " sent ", row[me],
-                      " bytes to rank ", me, ", which expected ", recvs[s].nbytes());
-          if (row[me] == 0) continue;
-          at::Tensor into = recvs[s].is_contiguous() ? recvs[s] : recvs[s].contiguous();
-          std::memcpy(into.data_ptr(), all.data_ptr<uint8_t>() + s * width + start, row[me]);
-          if (!into.is_same(recvs[s])) recvs[s].copy_(into);
-        }
-      });
-    });
+  static shoal::Group::Sizes byte_offsets(const std::vector<at::Tensor>& parts) {
+    shoal::Group::Sizes offsets;
+    size_t at = 0;
+    for (const auto& p : parts) offsets.push_back(at), at += p.nbytes();
+    return offsets;
   }
 
   shoal::GroupPtr group_;

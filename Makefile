@@ -7,7 +7,7 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps o
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test unit integration benchmarks lint system venv clean
+.PHONY: all demo test unit integration benchmarks torch-suite lint system venv clean
 
 all: test
 
@@ -46,6 +46,33 @@ integration: venv
 
 benchmarks: venv
 	$(PY) benchmarks/run_all.py
+
+# PyTorch's own process-group suite (DistributedTest._DistTestBase, as torch's
+# test_distributed_spawn.py runs it) on each backend and world size, then the table of tests
+# that pass on gloo but not on shoal. Long (tens of minutes per run): not part of `make test`.
+# Test-only imports of torch's suite (expecttest) go to their own directory, not the venv's
+# packages. Exit status: 2 if the harness broke; test failures are in the table.
+TORCH_SUITE_DIR ?= build/torch-suite
+TORCH_SUITE_BACKENDS ?= gloo shoal
+TORCH_SUITE_WORLD_SIZES ?= 2 3
+TORCH_SUITE_TIMEOUT ?= 300
+TORCH_SUITE_ARGS ?=
+TORCH_SUITE_DEPS := $(VENV)/torch-suite-deps
+
+$(TORCH_SUITE_DEPS)/.installed: $(PY)
+	$(PIP) install -q --target $(TORCH_SUITE_DEPS) expecttest
+	touch $@
+
+torch-suite: venv $(TORCH_SUITE_DEPS)/.installed
+	@mkdir -p $(TORCH_SUITE_DIR); results=""; \
+	for ws in $(TORCH_SUITE_WORLD_SIZES); do for backend in $(TORCH_SUITE_BACKENDS); do \
+	  out=$(TORCH_SUITE_DIR)/$$backend-ws$$ws; \
+	  TORCH_SUITE_DEPS=$(abspath $(TORCH_SUITE_DEPS)) $(PY) tests/torch_suite/run_suite.py \
+	    --backend $$backend --world-size $$ws --timeout $(TORCH_SUITE_TIMEOUT) \
+	    --json $$out.json --junit $$out.xml --log $$out.log $(TORCH_SUITE_ARGS); \
+	  rc=$$?; [ $$rc -ge 2 ] && exit $$rc; results="$$results $$out.json"; \
+	done; done; \
+	$(PY) tests/torch_suite/run_suite.py compare $$results --out $(TORCH_SUITE_DIR)/comparison.md
 
 lint: venv
 	$(VENV)/bin/ruff check sdk runtime containers tests benchmarks examples

@@ -121,7 +121,7 @@ def check_exchanges(core, group, members, rank, hosts) -> int:
                 assert mine.tobytes() == want.tobytes(), f"{members} reduce {dtype} {op} n={n}"
                 cases += 2
     for n in (0, 3, 40_000):  # rows rank a sends rank b: n + a + 2b (some zero when n == 0)
-        rows = lambda a, b: n + a + 2 * b if n else (a + b) % 2  # noqa: E731
+        rows = lambda a, b, n=n: n + a + 2 * b if n else (a + b) % 2  # noqa: E731
         sends = [rows(me, b) for b in range(size)]
         data = np.concatenate([np.full((rows(me, b), 3), 100 * me + b, dtype=np.int32)
                                for b in range(size)])

@@ -1,4 +1,4 @@
-"""Allreduce benchmark: Shoal's collective core against gloo and Open MPI.
+"""Allreduce benchmark: Shoal's collective core and its torch backend against gloo and Open MPI.
 
 Run every rank under one mpirun; all three libraries run in the same job, on
 the same buffers, in an order that rotates every round, so that machine load
@@ -54,7 +54,8 @@ def iterations(fn, comm) -> int:
 
 
 class Libraries:
-    """The three allreduce implementations, set up side by side in one job."""
+    """The allreduce implementations, set up side by side in one job: Shoal's core API,
+    torch.distributed on a shoal process group, gloo and Open MPI."""
 
     def __init__(self, comm):
         import torch
@@ -68,9 +69,14 @@ class Libraries:
         os.environ.setdefault("MASTER_PORT", str(base))
         self.shoal = core
         self.topology = core.init()
+        import shoal.dataparallel.torch  # noqa: F401 - registers the shoal backend
+
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{base + 1}", rank=rank, world_size=size
         )
+        # A world-sized shoal group: it runs on the core's world communicator, as a
+        # script's default group on backend "shoal" does.
+        self.shoal_group = dist.new_group(backend="shoal")
         self.torch, self.dist = torch, dist
 
     def runners(self):
@@ -87,10 +93,16 @@ class Libraries:
                 t = tensors[id(buf)] = self.torch.from_numpy(buf)
             self.dist.all_reduce(t)
 
+        def torch_shoal(buf):
+            t = tensors.get(id(buf))
+            if t is None:
+                t = tensors[id(buf)] = self.torch.from_numpy(buf)
+            self.dist.all_reduce(t, group=self.shoal_group)
+
         def openmpi(buf):
             self.mpi.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
-        return {"shoal": shoal, "gloo": gloo, "mpi": openmpi}
+        return {"shoal": shoal, "torch": torch_shoal, "gloo": gloo, "mpi": openmpi}
 
 
 def check(run, comm, count: int) -> None:
@@ -147,8 +159,13 @@ def measure(libs: Libraries, nbytes: int, rounds: int) -> dict:
         t = statistics.median(times[name])
         result[name] = {"time": t, "algbw": nbytes / t / 1e9, "busbw": nbytes / t / 1e9 * factor}
     for peer in ("gloo", "mpi"):
-        ratios = [p / s for s, p in zip(times["shoal"], times[peer])]
-        result[f"vs_{peer}"] = statistics.median(ratios)
+        for mine in ("shoal", "torch"):
+            ratios = [p / s for s, p in zip(times[mine], times[peer])]
+            result[f"{mine}_vs_{peer}"] = statistics.median(ratios)
+    # The torch path's cost over the core API's (1.0: none).
+    result["torch_over_core"] = statistics.median(
+        [t / s for s, t in zip(times["shoal"], times["torch"])]
+    )
     return result
 
 
@@ -159,19 +176,24 @@ def print_table(rows: list[dict], libs: Libraries) -> None:
         f"({topo.local_size} per host), {os.cpu_count()} cores; times are medians over rounds"
     )
     head = (
-        f"{'size':>10} | {'shoal us':>10} {'algbw':>6} {'busbw':>6} | {'gloo us':>10} {'busbw':>6} "
-        f"| {'mpi us':>10} {'busbw':>6} | {'memcpy us':>9} | {'x gloo':>7} {'x mpi':>6}"
+        f"{'size':>10} | {'shoal us':>9} {'busbw':>6} | {'torch us':>9} {'busbw':>6} "
+        f"| {'gloo us':>9} {'busbw':>6} | {'mpi us':>9} {'busbw':>6} | {'memcpy us':>9} "
+        f"| {'x gloo':>7} {'x mpi':>6} | {'torch x gloo':>12} {'torch x mpi':>11} {'torch/core':>10}"
     )
     print(head)
     print("-" * len(head))
     for row in rows:
-        s, g, m = row["shoal"], row["gloo"], row["mpi"]
+        s, t, g, m = row["shoal"], row["torch"], row["gloo"], row["mpi"]
         print(
-            f"{human(row['bytes']):>10} | {s['time'] * 1e6:10.1f} {s['algbw']:6.2f} {s['busbw']:6.2f} "
-            f"| {g['time'] * 1e6:10.1f} {g['busbw']:6.2f} | {m['time'] * 1e6:10.1f} {m['busbw']:6.2f} "
-            f"| {row['memcpy'] * 1e6:9.1f} | {row['vs_gloo']:7.1f} {row['vs_mpi']:6.1f}"
+            f"{human(row['bytes']):>10} | {s['time'] * 1e6:9.1f} {s['busbw']:6.2f} "
+            f"| {t['time'] * 1e6:9.1f} {t['busbw']:6.2f} "
+            f"| {g['time'] * 1e6:9.1f} {g['busbw']:6.2f} | {m['time'] * 1e6:9.1f} {m['busbw']:6.2f} "
+            f"| {row['memcpy'] * 1e6:9.1f} | {row['shoal_vs_gloo']:7.1f} {row['shoal_vs_mpi']:6.1f} "
+            f"| {row['torch_vs_gloo']:12.1f} {row['torch_vs_mpi']:11.2f} {row['torch_over_core']:10.2f}"
         )
-    print("bandwidths in GB/s; 'x gloo', 'x mpi': median over rounds of the paired ratio peer time / shoal time")
+    print("bandwidths in GB/s; shoal: the core API; torch: torch.distributed.all_reduce on a shoal "
+          "group; 'x peer': median over rounds of the paired ratio peer time / Shoal time; "
+          "torch/core: torch path time / core API time")
 
 
 def main(argv=None) -> None:

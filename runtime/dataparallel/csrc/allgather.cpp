@@ -31,7 +31,33 @@ void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
     }
     net::run(xfer, cfg_.timeout_ms, "allgather", [this] { seg_->check_abort(); });
   }
-  if (t.local_size > 1) local_allgather(out, B);
+  if (t.local_size == 1) return;
+  // Large gathers read the local peers' columns straight from their buffers.
+  if (single_copy_ && B * (std::size_t)cfg_.size >= std::min<std::size_t>(cfg_.single_copy_bytes, 256u << 10))
+    return local_allgather_direct(out, B);
+  local_allgather(out, B);
+}
+
+// Every local rank's column (its blocks from every host) is in place in its
+// output: each rank copies the other columns from their owners' outputs (one
+// copy), then waits until no peer reads its own.
+void Comm::local_allgather_direct(char* out, std::size_t B) {
+  const int L = job_.topo.local_size, me = job_.topo.local_rank;
+  const std::string name = "allgather";
+  const uint64_t g = ++chunks_;
+  seg_->set_address(reinterpret_cast<uint64_t>(out));
+  seg_->publish(Counter::Posted, g);
+  wait_counter(Counter::Posted, g, name);
+  for (int k = 1; k < L; ++k) {
+    const int j = (me + k) % L;  // staggered: ranks do not all read one peer at once
+    for (int h = 0; h < job_.topo.num_hosts; ++h) {
+      const std::size_t at = (std::size_t)job_.host_ranks[h][j] * B;
+      read_peer(j, seg_->address(j) + at, out + at, B, name);
+    }
+  }
+  seg_->publish(Counter::Reduced, g);
+  seg_->publish(Counter::Gathered, g);
+  wait_counter(Counter::Gathered, g, name);
 }
 
 // Byte `offset` of local rank j's column lives in the block of host

@@ -81,6 +81,7 @@ class Comm {
   };
   // The host's columns of an allgather (each rank's blocks from every host).
   void local_allgather(char* out, std::size_t bytes_per_rank);
+  void local_allgather_direct(char* out, std::size_t bytes_per_rank);
   // Root's block of a broadcast to the other local ranks, through the slots.
   void local_broadcast(char* data, std::size_t bytes, int local_root);
   void exchange_whole(char* buf, std::size_t count, DType dtype, ReduceOp op, int divisor,

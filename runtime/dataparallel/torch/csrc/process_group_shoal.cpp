@@ -130,13 +130,18 @@ std::exception_ptr translate(std::exception_ptr error) {
 
 // ---- work and completion ----------------------------------------------------
 
+// One type object for every future (creating it per operation costs an allocation).
+const c10::TypePtr& tensor_list_type() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
 class ShoalWork : public c10d::Work {
  public:
   ShoalWork(int rank, OpType type, std::vector<at::Tensor> outputs)
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
-        future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
+        future_(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {}
 
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }

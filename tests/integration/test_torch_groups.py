@@ -10,8 +10,8 @@ under the real mpirun, on 2, 3 and 4 ranks of one host and on 2 simulated hosts 
   floats);
 - object collectives (broadcast_object_list, all_gather_object, gather_object,
   scatter_object_list) on shoal groups;
-- ``split_group``: shoal does what gloo does through the public API; the process group's
-  own split is an expected failure until the backend supports splitting;
+- ``split_group``: shoal does what gloo does through the public API, and the process
+  group's own split (what the public API calls) gives a working shoal group;
 - 200 groups created and destroyed leave no shared-memory segment, descriptor or thread;
 - a peer that exits (or destroys its communicator) right after its barrier or allreduce
   completes never fails the rank still inside it, 200 times per case.
@@ -111,14 +111,10 @@ def test_split_group():
     (``init_process_group(device_id=...)`` takes accelerators only): on a CPU-only build
     it refuses before looking at the backend, for gloo too. Shoal must do there what gloo
     does. Below it, ``ProcessGroup.split_group`` (what the public API calls) splits a
-    gloo group; on a shoal group it needs the backend's splitting support: an expected
-    failure, naming what is missing, until the backend has it."""
+    shoal group as it splits a gloo group, and the split group reduces."""
     out = run_mode(2, "split")
     assert out.count("public split_group same as gloo") == 2, out
-    if out.count("process group split ok") != 2:
-        missing = sorted({line.split("shoal: ", 1)[1] for line in out.splitlines()
-                          if "ProcessGroup.split_group on shoal: " in line})
-        pytest.xfail(f"shoal cannot split: {missing}")
+    assert out.count("process group split ok") == 2, out
 
 
 @pytest.mark.parametrize("hosts", [1, 2], ids=["one-host", "2-simulated-hosts"])

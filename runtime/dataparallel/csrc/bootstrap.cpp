@@ -131,6 +131,8 @@ std::string Config::reachable_address() const {
 std::string contact_of(const std::string& addr, int port) { return addr + ":" + std::to_string(port); }
 
 void parse_contact(const std::string& contact, std::string& addr, int& port) {
+  if (!contact.empty() && contact[0] == '!')
+    throw Error(Error::Kind::System, "init: group rank 0 could not start: " + contact.substr(1));
   const auto colon = contact.rfind(':');
   char* end = nullptr;
   const long p = colon == std::string::npos ? 0 : std::strtol(contact.c_str() + colon + 1, &end, 10);

@@ -457,9 +457,15 @@ std::shared_ptr<Engine> start_shared(const Config& c, const Share& share) {
   int listen_fd = -1;
   std::string contact;
   if (c.rank == 0) {
-    const std::string addr = c.reachable_address();
-    listen_fd = net::listen_on(c.interface.empty() ? std::string() : addr, 0, 1024);
-    contact = contact_of(addr, net::bound_port(listen_fd));
+    try {
+      const std::string addr = c.reachable_address();
+      listen_fd = net::listen_on(c.interface.empty() ? std::string() : addr, 0, 1024);
+      contact = contact_of(addr, net::bound_port(listen_fd));
+    } catch (const Error& e) {
+      // Published in the contact's place: the other members fail at once, not at a time-out.
+      share("!" + std::string(e.what()));
+      throw;
+    }
   }
   std::string addr;
   int port = 0;

@@ -362,6 +362,8 @@ size_t total_bytes(const std::vector<at::Tensor>& tensors) {
 
 // ---- the backend ------------------------------------------------------------
 
+shoal::Share store_share(c10::intrusive_ptr<c10d::Store> store, int size);
+
 // Releases the GIL for a scope where this thread holds it: torch calls the
 // backend from Python with the GIL released, and from its own C++ threads.
 class WithoutGil {
@@ -382,6 +384,29 @@ class ProcessGroupShoal : public c10d::Backend {
   ~ProcessGroupShoal() override { shutdown(); }
 
   const std::string getBackendName() const override { return "shoal"; }
+
+  // torch's split_group: a communicator over `ranks` (ranks of this group),
+  // set up through the new group's store by its members only.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<Options> getBackendOptions() override {
+    return c10::make_intrusive<Options>("shoal");
+  }
+  void setTimeout(std::chrono::milliseconds /*timeout: the core's own applies*/) override {}
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& /*opts*/) override {
+    const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+    if (it == ranks.end()) return nullptr;
+    const int rank = static_cast<int>(it - ranks.begin()), size = static_cast<int>(ranks.size());
+    try {
+      WithoutGil nogil;
+      shoal::GroupPtr group =
+          shoal::create_group(rank, size, group_->topology().global_rank, store_share(store, size));
+      return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); });
+    } catch (const shoal::Error&) {
+      std::rethrow_exception(translate(std::current_exception()));
+    }
+  }
 
   void shutdown() override {
     if (!release_) return;

@@ -36,6 +36,8 @@ def worker(mode: str) -> None:
     comm = core.init()
     data = np.ones(1 << 20, dtype=np.float32)
     try:
+        if mode.startswith("group"):  # members loop on a group of ranks 1..3
+            return group_worker(core, comm, data, mode)
         core.allreduce(data)
         print("ready", flush=True)
         if mode == "stall" and comm.rank == comm.size - 1:
@@ -49,6 +51,25 @@ def worker(mode: str) -> None:
         while True:
             data[:] = 1
             core.allreduce(data)
+    except CollectiveError as exc:
+        print(f"{type(exc).__name__}: {exc} ranks={exc.ranks}", file=sys.stderr, flush=True)
+        sys.exit(3)
+
+
+def group_worker(core, comm, data, mode) -> None:
+    """The members (``group:<ranks>``) reduce in a loop on their group; the others only
+    take part in creating it."""
+    from shoal.errors import CollectiveError
+
+    group = core.new_group([int(r) for r in mode.split(":")[1].split(",")])
+    print("ready", flush=True)
+    if group is None:
+        time.sleep(60)
+        return
+    try:
+        while True:
+            data[:] = 1
+            core.allreduce(data, group=group)
     except CollectiveError as exc:
         print(f"{type(exc).__name__}: {exc} ranks={exc.ranks}", file=sys.stderr, flush=True)
         sys.exit(3)
@@ -118,6 +139,27 @@ def test_killed_rank_is_named_on_every_host(victim):
         assert "PeerLostError" in err, (rank, err)
         assert f"ranks=[{victim}]" in err, (rank, err)
     procs[victim].wait()
+
+
+# Ranks 1, 2, 3 span both hosts unevenly (each rank is a host of its own in the group);
+# 3, 0, 2, 1 holds both hosts' ranks, reordered.
+@pytest.mark.parametrize("members, victim", [("1,2,3", 2), ("1,2,3", 1), ("3,0,2,1", 0),
+                                             ("3,0,2,1", 3)])
+def test_rank_killed_inside_a_group_is_named_by_every_member(members, victim):
+    procs = start_ranks(4, f"group:{members}", timeout_s=60, hosts=["h0", "h0", "h1", "h1"])
+    try:
+        time.sleep(0.3)
+        procs[victim].send_signal(signal.SIGKILL)
+        survivors = [int(r) for r in members.split(",") if int(r) != victim]
+        results = finish([procs[r] for r in survivors], deadline_s=20)
+        for rank, (code, err) in zip(survivors, results):
+            assert code == 3, (rank, err)
+            assert "PeerLostError" in err and f"ranks=[{victim}]" in err, (rank, err)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
 
 
 def test_rank_killed_while_the_other_host_waits_in_shared_memory():

@@ -340,6 +340,27 @@ def check_keras_fit(sdp, tf, keras, rank, world) -> None:
     print(f"rank {rank}: keras fit ok", flush=True)
 
 
+def check_groups(sdp, tf, rank, world) -> int:
+    """Collectives on groups: even and odd ranks (across hosts on 2 x 2), reversed order."""
+    groups = [sdp.new_group([r for r in range(world) if r % 2 == parity]) for parity in (0, 1)]
+    group = groups[rank % 2]
+    members = [r for r in range(world) if r % 2 == rank % 2]
+    total = sdp.oob_allreduce(tf.constant([float(rank), 1.0]), op=sdp.ReduceOp.SUM, group=group)
+    assert total.numpy().tolist() == [float(sum(members)), float(len(members))], total
+    root = len(members) - 1  # a rank of the group
+    got = sdp.broadcast(tf.constant([rank, rank]), root_rank=root, group=group)
+    assert got.numpy().tolist() == [members[root]] * 2, got
+    rows = sdp.allgather(tf.fill([rank + 1, 2], rank), group=group).numpy()
+    assert rows[:, 0].tolist() == [m for m in members for _ in range(m + 1)], rows
+    backwards = sdp.new_group(list(reversed(range(world))))
+    got = sdp.broadcast(tf.constant(rank), root_rank=0, group=backwards)
+    assert int(got.numpy()) == world - 1
+    for g in (group, backwards):  # the other parity's group is None here
+        g.destroy()
+    assert groups[1 - rank % 2] is None
+    return 4
+
+
 def worker() -> None:
     import keras
     import shoal.dataparallel.tensorflow as sdp
@@ -352,6 +373,7 @@ def worker() -> None:
     cases += check_grouped_and_sparse(sdp, tf, rank, world)
     cases += check_broadcast(sdp, tf, rank, world)
     cases += check_gradient_of_allreduce(sdp, tf, rank, world)
+    cases += check_groups(sdp, tf, rank, world)
     print(f"rank {rank}: local {sdp.local_rank()}/{sdp.local_size()} size {world}: "
           f"{cases} collectives ok", flush=True)
     check_tape_training(sdp, tf, keras, rank, world)

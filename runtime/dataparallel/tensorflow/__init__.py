@@ -17,7 +17,8 @@ Keras 3 optimizers list their variables in the ``variables`` property (Keras 2 s
 ``opt.variables()``). Collectives run through ``tf.numpy_function`` (eagerly and in ``tf.function``, not in XLA
 compiled graphs). IndexedSlices gradients (embeddings) are gathered from every rank, or
 densified with ``sparse_as_dense=True``. Supported reduction dtypes: float16, bfloat16,
-float32, float64, int32, int64.
+float32, float64, int32, int64. ``new_group(ranks)`` gives a communicator over some ranks for
+the collectives' ``group=`` argument.
 """
 
 from .collectives import (
@@ -34,7 +35,16 @@ from .compression import Compression, FP16Compression, NoneCompression
 from .gradient_tape import DistributedGradientTape
 from .optimizer import DistributedOptimizer
 from .reduce_op import ReduceOp
-from .topology import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .topology import (
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    new_group,
+    rank,
+    shutdown,
+    size,
+)
 from .variables import BroadcastGlobalVariablesHook, broadcast_global_variables, broadcast_variables
 
 __all__ = [
@@ -56,6 +66,7 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "local_size",
+    "new_group",
     "oob_allreduce",
     "overlap",
     "rank",

@@ -36,8 +36,8 @@ def _check_movable(tensor: tf.Tensor) -> None:
         raise ValidationError(f"cannot send a {tensor.dtype.name} tensor between ranks")
 
 
-def _check_root(root_rank) -> int:
-    size = topology.size()
+def _check_root(root_rank, group=None) -> int:
+    size = topology.size() if group is None else group.size
     if not _is_int(root_rank) or not 0 <= root_rank < size:
         raise ValidationError(f"'root_rank' must be an int in [0, {size}) (got {root_rank!r})")
     return int(root_rank)
@@ -58,8 +58,10 @@ def _with_shapes(outputs, inputs) -> list[tf.Tensor]:
 
 
 def grouped_allreduce(tensors: Sequence, op: ReduceOp | None = ReduceOp.AVERAGE,
-                      compression=Compression.none, bucket_bytes: int | None = None) -> list[tf.Tensor]:
-    """Reduces a list of dense tensors across ranks in one fused collective op."""
+                      compression=Compression.none, bucket_bytes: int | None = None,
+                      group=None) -> list[tf.Tensor]:
+    """Reduces a list of dense tensors across ranks (of ``group``, a ``new_group``; None: all)
+    in one fused collective op."""
     op = parse_op(op)
     compression = parse_compression(compression)
     topology.communicator()
@@ -70,7 +72,7 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp | None = ReduceOp.AVERAGE,
     for tensor in sent:
         _check_reducible(tensor)
 
-    reduced = _fused_reduce(list(sent), op, bucket_bytes)
+    reduced = _fused_reduce(list(sent), op, bucket_bytes, group)
     return [compression.decompress(r, ctx) for r, ctx in zip(reduced, contexts)]
 
 
@@ -100,12 +102,13 @@ def _unflatten(flat: tf.Tensor, like: list[tf.Tensor]) -> list[tf.Tensor]:
     return out
 
 
-def _fused_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None) -> list[tf.Tensor]:
+def _fused_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None,
+                  group=None) -> list[tf.Tensor]:
     """One flat buffer per dtype (and bucket), all reduced by one op, cut back into tensors."""
     buckets = fusion.plan_buckets([t.dtype.name for t in tensors],
                                   [_static_nbytes(t) for t in tensors], bucket_bytes)
     flats = [_flatten([tensors[i] for i in bucket]) for bucket in buckets]
-    reduced = _differentiable_reduce(flats, op, bucket_bytes)
+    reduced = _differentiable_reduce(flats, op, bucket_bytes, group)
     out: list = [None] * len(tensors)
     for bucket, flat in zip(buckets, reduced):
         for index, piece in zip(bucket, _unflatten(flat, [tensors[i] for i in bucket])):
@@ -113,27 +116,29 @@ def _fused_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | No
     return out
 
 
-def _reduce_op(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None) -> list[tf.Tensor]:
+def _reduce_op(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None,
+               group=None) -> list[tf.Tensor]:
     def reduce(*arrays):
-        return wire.reduce_arrays(arrays, op.value, bucket_bytes)
+        return wire.reduce_arrays(arrays, op.value, bucket_bytes, group)
 
     reduced = tf.numpy_function(reduce, tensors, [t.dtype for t in tensors], name="ShoalAllreduce")
     return _with_shapes(reduced, tensors)
 
 
-def _differentiable_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None):
+def _differentiable_reduce(tensors: list[tf.Tensor], op: ReduceOp, bucket_bytes: int | None,
+                           group=None):
     """The reduction, with its gradient: a sum or average across ranks passes the same
     reduction of the upstream gradients back (the job's loss is the sum of the ranks')."""
 
     @tf.custom_gradient
     def reduce_with_gradient(*inputs):
-        outputs = _reduce_op(list(inputs), op, bucket_bytes)
+        outputs = _reduce_op(list(inputs), op, bucket_bytes, group)
 
         def gradient(*upstream):
             if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
                 return [None] * len(inputs)
             upstream = [tf.zeros_like(y) if d is None else d for d, y in zip(upstream, outputs)]
-            return _reduce_op(upstream, op, bucket_bytes)
+            return _reduce_op(upstream, op, bucket_bytes, group)
 
         return outputs, gradient
 
@@ -159,14 +164,16 @@ def allreduce(tensor, param_index: int, num_params: int, compression=Compression
     return grouped_allreduce([tensor], op=op, compression=compression)[0]
 
 
-def oob_allreduce(tensor, compression=Compression.none, op: ReduceOp | None = ReduceOp.AVERAGE) -> tf.Tensor:
+def oob_allreduce(tensor, compression=Compression.none, op: ReduceOp | None = ReduceOp.AVERAGE,
+                  group=None) -> tf.Tensor:
     """Reduces a non-gradient tensor (a loss, a metric) across ranks, outside gradient fusion."""
-    return grouped_allreduce([tensor], op=op, compression=compression)[0]
+    return grouped_allreduce([tensor], op=op, compression=compression, group=group)[0]
 
 
-def grouped_broadcast(tensors: Sequence, root_rank: int) -> list[tf.Tensor]:
-    """Root's values of every tensor, moved by a single collective."""
-    root_rank = _check_root(root_rank)
+def grouped_broadcast(tensors: Sequence, root_rank: int, group=None) -> list[tf.Tensor]:
+    """Root's values of every tensor, moved by a single collective (``root_rank``: a rank of
+    ``group``)."""
+    root_rank = _check_root(root_rank, group)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -174,24 +181,25 @@ def grouped_broadcast(tensors: Sequence, root_rank: int) -> list[tf.Tensor]:
         _check_movable(tensor)
 
     def broadcast_all(*arrays):
-        return wire.broadcast_arrays(arrays, root_rank)
+        return wire.broadcast_arrays(arrays, root_rank, group)
 
     received = tf.numpy_function(broadcast_all, tensors, [t.dtype for t in tensors], name="ShoalBroadcast")
     return _with_shapes(received, tensors)
 
 
-def broadcast(tensor, root_rank: int) -> tf.Tensor:
+def broadcast(tensor, root_rank: int, group=None) -> tf.Tensor:
     """A tensor holding root's value of ``tensor`` (same shape and dtype on every rank)."""
-    return grouped_broadcast([tensor], root_rank)[0]
+    return grouped_broadcast([tensor], root_rank, group)[0]
 
 
-def allgather(tensor) -> tf.Tensor:
+def allgather(tensor, group=None) -> tf.Tensor:
     """Every rank's ``tensor`` concatenated along the first axis in rank order; the first
     dimension may differ between ranks, the others must match."""
     topology.communicator()
     tensor = tf.convert_to_tensor(tensor)
     _check_movable(tensor)
-    gathered = tf.numpy_function(wire.gather_rows, [tensor], tensor.dtype, name="ShoalAllgather")
+    gathered = tf.numpy_function(lambda a: wire.gather_rows(a, group), [tensor], tensor.dtype,
+                                 name="ShoalAllgather")
     gathered.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank
                        else tf.TensorShape([None]))
     return gathered

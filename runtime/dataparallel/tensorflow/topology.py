@@ -54,6 +54,13 @@ def local_rank() -> int:
     return communicator().local_rank
 
 
+def new_group(ranks) -> core.Group | None:
+    """A communicator over ``ranks`` (every rank calls it with the same ranks; the others
+    get None), for the collectives' ``group=`` argument."""
+    communicator()
+    return core.new_group(ranks)
+
+
 def shutdown() -> None:
     """Drains queued work and leaves the communicator; ``init()`` may be called again."""
     core.shutdown()

@@ -7,7 +7,7 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps o
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test unit integration benchmarks torch-suite lint system venv clean
+.PHONY: all demo test unit integration benchmarks torch-suite stress-failures lint system venv clean
 
 all: test
 
@@ -73,6 +73,23 @@ torch-suite: venv $(TORCH_SUITE_DEPS)/.installed
 	  rc=$$?; [ $$rc -ge 2 ] && exit $$rc; results="$$results $$out.json"; \
 	done; done; \
 	$(PY) tests/torch_suite/run_suite.py compare $$results --out $(TORCH_SUITE_DIR)/comparison.md
+
+# The failure tests, STRESS_RUNS times each beside two busy loops (every core taken):
+# killed ranks on every host and in groups, a peer that exits right after completing, the
+# local CLI's failing script. Prints the pass count; not part of `make test` (minutes).
+STRESS_RUNS ?= 50
+STRESS_TESTS ?= tests/integration/test_collectives_failures.py \
+	"tests/integration/test_torch_backend.py::test_a_dead_rank_fails_the_others_with_shoal_errors" \
+	"tests/integration/test_local_cli.py::test_a_failing_script_exits_1_with_its_root_cause"
+
+stress-failures: venv
+	@sh -c 'while :; do :; done' & b1=$$!; sh -c 'while :; do :; done' & b2=$$!; \
+	trap 'kill $$b1 $$b2' EXIT; passed=0; \
+	for i in $$(seq $(STRESS_RUNS)); do \
+	  if mkdir -p build && $(PY) -m pytest -q -p no:cacheprovider $(STRESS_TESTS) >> build/stress-failures.log 2>&1; \
+	  then passed=$$((passed + 1)); else echo "run $$i failed (build/stress-failures.log)"; fi; \
+	done; echo "stress-failures: $$passed of $(STRESS_RUNS) runs passed"; \
+	[ $$passed -eq $(STRESS_RUNS) ]
 
 lint: venv
 	$(VENV)/bin/ruff check sdk runtime containers tests benchmarks examples

@@ -397,6 +397,16 @@ def check_point_to_point(dist, rank, world, gloo):
         else:
             dist.recv_object_list(objects, src=0, group=group)
         assert objects[0] == {"from": 0, "list": []}
+    # On a group of the first and last ranks: peers are global ranks, as torch has them.
+    ends = dist.new_group([0, world - 1], backend="shoal")
+    if rank in (0, world - 1):
+        other = world - 1 - rank
+        into = torch.empty(70_000)
+        works = [dist.isend(torch.full((70_000,), float(rank)), other, group=ends),
+                 dist.irecv(into, other, group=ends)]
+        for work in works:
+            work.wait()
+        assert torch.equal(into, torch.full((70_000,), float(other)))
 
 
 def main_more_collectives():

@@ -38,6 +38,11 @@ def worker(mode: str) -> None:
     try:
         if mode.startswith("group"):  # members loop on a group of ranks 1..3
             return group_worker(core, comm, data, mode)
+        if mode == "recv":  # rank 0 waits for a message rank 1 never sends
+            print("ready", flush=True)
+            if comm.rank == 0:
+                core.recv(data, 1)
+            time.sleep(120)
         core.allreduce(data)
         print("ready", flush=True)
         if mode == "stall" and comm.rank == comm.size - 1:
@@ -155,6 +160,22 @@ def test_rank_killed_inside_a_group_is_named_by_every_member(members, victim):
         for rank, (code, err) in zip(survivors, results):
             assert code == 3, (rank, err)
             assert "PeerLostError" in err and f"ranks=[{victim}]" in err, (rank, err)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("hosts", [None, ["h0", "h1"]], ids=["one-host", "two-hosts"])
+def test_a_receive_from_a_killed_rank_fails_naming_it(hosts):
+    procs = start_ranks(2, "recv", timeout_s=60, hosts=hosts)
+    try:
+        time.sleep(0.3)
+        procs[1].send_signal(signal.SIGKILL)
+        [(code, err)] = finish([procs[0]], deadline_s=10)
+        assert code == 3, err
+        assert "PeerLostError" in err and "ranks=[1]" in err, err
     finally:
         for p in procs:
             if p.poll() is None:

@@ -224,11 +224,20 @@ def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300, script=HERE):
     return proc
 
 
-pytestmark = [
+# Shared by the other core test files (groups, point-to-point).
+MPI_MARKS = [
     pytest.mark.mpi,
     pytest.mark.runtime,
     pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed"),
 ]
+pytestmark = MPI_MARKS
+
+
+def finish_worker(core, rank: int, cases: int) -> None:
+    """A worker's last steps: every rank done, the core shut down, the line run_mpi counts."""
+    core.barrier()
+    core.shutdown()
+    print(f"rank {rank}: {cases} cases ok", flush=True)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])

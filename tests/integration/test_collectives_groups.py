@@ -21,9 +21,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_collectives import (  # noqa: E402
     DTYPES,
-    MPIRUN,
+    MPI_MARKS,
     OPS,
     expected,
+    finish_worker,
     make_input,
     run_mpi,
 )
@@ -225,16 +226,10 @@ def worker() -> None:
         group.destroy()
     check_interleaving(core, rank, size)
     check_churn(core, rank, size)
-    core.barrier()
-    core.shutdown()
-    print(f"rank {rank}: {cases} cases ok", flush=True)
+    finish_worker(core, rank, cases)
 
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.runtime,
-    pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed"),
-]
+pytestmark = MPI_MARKS
 
 
 def run_groups(ranks, extra_env=None, **kwargs):

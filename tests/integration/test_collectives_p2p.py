@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_collectives import MPIRUN, run_mpi  # noqa: E402
+from test_collectives import MPI_MARKS, finish_worker, run_mpi  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 # Empty, tiny, one slot exactly, just over (fragments or address), many fragments, large.
@@ -104,16 +104,10 @@ def worker() -> None:
     cases += check_ring(core, rank, size)
     cases += check_tags_and_any_source(core, rank, size)
     cases += check_group(core, rank, size)
-    core.barrier()
-    core.shutdown()
-    print(f"rank {rank}: {cases} cases ok", flush=True)
+    finish_worker(core, rank, cases)
 
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.runtime,
-    pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed"),
-]
+pytestmark = MPI_MARKS
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])

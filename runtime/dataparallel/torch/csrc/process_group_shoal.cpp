@@ -385,6 +385,10 @@ class ProcessGroupShoal : public c10d::Backend {
 
   const std::string getBackendName() const override { return "shoal"; }
 
+  // Collectives issued on this group so far (torch checks that ranks agree on it).
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+
   // torch's split_group: a communicator over `ranks` (ranks of this group),
   // set up through the new group's store by its members only.
   bool supportsSplitting() const override { return true; }
@@ -712,6 +716,7 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
+    ++seq_;
     auto work = c10::make_intrusive<ShoalWork>(rank_, OpType::BARRIER, std::vector<at::Tensor>{});
     try {
       WithoutGil nogil;
@@ -730,6 +735,7 @@ class ProcessGroupShoal : public c10d::Backend {
   template <typename Body>
   c10::intrusive_ptr<c10d::Work> launch(OpType type, std::vector<at::Tensor> outputs,
                                         size_t bytes, Body&& body) {
+    ++seq_;
     auto work = c10::make_intrusive<ShoalWork>(rank_, type, std::move(outputs));
     Issue issue(*group_, bytes <= eager_bytes() && group_->idle());
     std::function<void()> finish;
@@ -903,6 +909,7 @@ class ProcessGroupShoal : public c10d::Backend {
 
   shoal::GroupPtr group_;
   std::function<void()> release_;
+  std::atomic<uint64_t> seq_{0};
 };
 
 // ---- creating backends --------------------------------------------------------

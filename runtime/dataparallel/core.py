@@ -47,12 +47,13 @@ class Communicator:
 
     rank: int
     size: int
-    global_rank: int
     local_rank: int
     local_size: int
     host_index: int
     num_hosts: int
     host: str
+    # The rank in the job (a group's rank is in the group): the world's own rank by default.
+    global_rank: int = attrs.field(default=attrs.Factory(lambda self: self.rank, takes_self=True))
 
 
 @attrs.define

@@ -136,7 +136,8 @@ def digests(backend, mode, ranks):
                           f'"{HERE}" {backend} {mode}'] if ranks == 4 else [sys.executable, HERE,
                                                                             backend, mode]
     out = run_ranks(ranks, argv, env=env, timeout=600)
-    found = dict(re.findall(r"rank (\d+) digest (\S+)", out))
+    # Ranks' lines may reach mpirun's output unseparated: match the number, not the line.
+    found = dict(re.findall(r"rank (\d+) digest (-?\d+\.\d+(?:e[-+]?\d+)?)", out))
     assert len(found) == ranks, out
     return found
 

@@ -155,7 +155,7 @@ def test_a_failed_collective_raises_shoals_error_eagerly_and_names_it_in_graphs(
     from shoal.dataparallel.tensorflow import wire
     from shoal.errors import CollectiveTimeoutError
 
-    def timed_out(arrays, op, bucket_bytes=None):
+    def timed_out(arrays, op, bucket_bytes=None, group=None):
         raise CollectiveTimeoutError("peers did not reach allreduce within 20 s")
 
     monkeypatch.setattr(wire, "reduce_arrays", timed_out)

@@ -36,9 +36,9 @@ def test_grouped_reduction_packs_per_dtype_bucket_and_cuts_back(sdp, monkeypatch
     seen = []
     real = wire.reduce_arrays
 
-    def recording(arrays, op, bucket_bytes=None):
+    def recording(arrays, op, bucket_bytes=None, group=None):
         seen.append([(a.dtype.name, a.shape) for a in arrays])
-        return real(arrays, op, bucket_bytes)
+        return real(arrays, op, bucket_bytes, group)
 
     monkeypatch.setattr(wire, "reduce_arrays", recording)
     tensors = [tf.reshape(tf.range(6.0), (2, 3)), tf.constant(7, tf.int64), tf.constant([1.5]),

@@ -21,7 +21,7 @@ class ScriptedPeer:
     def __init__(self):
         self.reductions = []
 
-    def reduce_arrays(self, arrays, op, bucket_bytes=None):
+    def reduce_arrays(self, arrays, op, bucket_bytes=None, group=None):
         self.reductions.append((len(arrays), op, bucket_bytes))
         out = []
         for array in arrays:
@@ -30,7 +30,7 @@ class ScriptedPeer:
             out.append(reduced.astype(array.dtype))
         return out
 
-    def gather_rows(self, array):
+    def gather_rows(self, array, group=None):
         return np.concatenate([array, array], axis=0)
 
 

@@ -26,7 +26,7 @@ def peer(sdp, monkeypatch):
 
     calls = []
 
-    def reduce_arrays(arrays, op, bucket_bytes=None):
+    def reduce_arrays(arrays, op, bucket_bytes=None, group=None):
         calls.append((len(arrays), op, bucket_bytes))
         assert op == "average"
         return [(np.asarray(a, np.float64) + 0.5).astype(a.dtype) for a in arrays]

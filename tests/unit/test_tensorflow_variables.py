@@ -20,7 +20,7 @@ def root(sdp, monkeypatch):
 
     calls = []
 
-    def broadcast_arrays(arrays, root_rank):
+    def broadcast_arrays(arrays, root_rank, group=None):
         calls.append((len(arrays), root_rank))
         return [(np.asarray(a) + 100).astype(a.dtype) for a in arrays]
 

@@ -39,21 +39,21 @@ class ScriptedCore:
         self.root_payload = root_payload
         self.rows = rows
 
-    def allreduce_async(self, array, op):
+    def allreduce_async(self, array, op, group=None):
         self.calls.append(("queue", array.nbytes, op))
         return self
 
     def wait(self):
         self.calls.append(("wait",))
 
-    def flush(self):
+    def flush(self, group=None):
         self.calls.append(("flush",))
 
-    def broadcast(self, packed, root):
+    def broadcast(self, packed, root, group=None):
         self.calls.append(("broadcast", packed.nbytes, root))
         packed[:] = self.root_payload
 
-    def allgather(self, array):
+    def allgather(self, array, group=None):
         self.calls.append(("allgather", array.shape))
         if array.shape == (1,):  # the row counts
             return np.array([[len(r)] for r in self.rows], dtype=np.int64)

@@ -69,7 +69,7 @@ torch-suite: venv $(TORCH_SUITE_DEPS)/.installed
 	  out=$(TORCH_SUITE_DIR)/$$backend-ws$$ws; \
 	  TORCH_SUITE_DEPS=$(abspath $(TORCH_SUITE_DEPS)) $(PY) tests/torch_suite/run_suite.py \
 	    --backend $$backend --world-size $$ws --timeout $(TORCH_SUITE_TIMEOUT) \
-	    --json $$out.json --junit $$out.xml --log $$out.log $(TORCH_SUITE_ARGS); \
+	    --json $$out.json --junit $$out.xml --log $$out.log --resume $(TORCH_SUITE_ARGS); \
 	  rc=$$?; [ $$rc -ge 2 ] && exit $$rc; results="$$results $$out.json"; \
 	done; done; \
 	$(PY) tests/torch_suite/run_suite.py compare $$results --out $(TORCH_SUITE_DIR)/comparison.md

@@ -537,9 +537,11 @@ def run_tests(args) -> int:
     results_path = work / "results.jsonl"
     log_path = Path(args.log) if args.log else work / "worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
+    if not (args.resume and log_path.exists()):
+        log_path.write_text("")
     env = _worker_env(args, temp_dir, events, run_id)
 
+    git_state = _git_state()
     extension = _prewarm(env, None if args.no_pin else work / "pinned")
     core_before = _core_digest()
     names = _list_tests(args, env)
@@ -558,6 +560,46 @@ def run_tests(args) -> int:
     remaining = list(selected)
     grace = args.grace
     started_at = time.time()
+    # Each result also goes to a progress file beside --json, removed once the run is complete:
+    # with --resume, an interrupted run of the same configuration goes on where it stopped.
+    config = {
+        "backend": args.backend,
+        "world_size": args.world_size,
+        "init_method": args.init_method,
+        "timeout": args.timeout,
+        "gates_as": args.gates_as,
+    }
+    progress = Path(args.json + ".progress") if args.json else None
+    resumed_seconds = 0.0
+    if progress is not None and args.resume and progress.exists():
+        lines = progress.read_text().splitlines()
+        if lines and json.loads(lines[0]) == config:
+            for line in lines[1:]:
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    continue
+                if item["test"] in remaining:
+                    records[item["test"]] = item
+                    remaining.remove(item["test"])
+                    resumed_seconds += item["seconds"]
+            print(f"# resumed: {len(records)} results from {progress}", flush=True)
+    if progress is not None:
+        progress.parent.mkdir(parents=True, exist_ok=True)
+        with open(progress, "w") as handle:
+            handle.write(json.dumps(config) + "\n")
+            for item in records.values():
+                handle.write(json.dumps(item) + "\n")
+
+    def record_result(item: dict) -> None:
+        records[item["test"]] = item
+        if item["test"] in remaining:
+            remaining.remove(item["test"])
+        if progress is not None:
+            with open(progress, "a") as handle:
+                handle.write(json.dumps(item) + "\n")
+        _print_record(item, len(records), len(selected))
+
     results_offset = 0
     while remaining:
         tests_file = work / "tests.txt"
@@ -600,11 +642,8 @@ def run_tests(args) -> int:
                     current, current_since = item["test"], time.monotonic()
                     continue
                 item.pop("event")
-                records[item["test"]] = item
-                if item["test"] in remaining:
-                    remaining.remove(item["test"])
                 current = None
-                _print_record(item, len(records), len(selected))
+                record_result(item)
             if finished:
                 break
             if current is not None and time.monotonic() - current_since > args.timeout + grace:
@@ -634,13 +673,11 @@ def run_tests(args) -> int:
                 "location": "",
                 "log_tail": tail,
             }
-            records[current] = item
-            remaining.remove(current)
-            _print_record(item, len(records), len(selected))
+            record_result(item)
         elif proc.returncode not in (0, None) and remaining:
             sys.stderr.write(_tail(log_path, 4000))
             _die(f"worker failed (exit {proc.returncode}) before starting a test")
-    wall = time.time() - started_at
+    wall = time.time() - started_at + resumed_seconds
 
     ordered = [records[n] for n in selected if n in records]
     meta = {
@@ -651,9 +688,10 @@ def run_tests(args) -> int:
         "gates_as": args.gates_as,
         "patterns": args.k,
         "wall_seconds": round(wall, 1),
+        "resumed_seconds": round(resumed_seconds, 1),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_at)),
         "torch": _torch_version(env),
-        "git": _git_state(),
+        "git": git_state,
         "extension": extension,
         "extension_pinned": bool(extension) and not args.no_pin,
         "core_digest": core_before,
@@ -668,6 +706,8 @@ def run_tests(args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"meta": meta, "tests": ordered}, indent=1) + "\n")
+        if progress is not None:
+            progress.unlink(missing_ok=True)
     if args.junit:
         _write_junit(Path(args.junit), ordered, meta)
     if not args.keep:
@@ -720,7 +760,7 @@ def _git_state() -> str:
         ).stdout.strip()
     except OSError:
         return ""
-    return head + (" (runtime/ modified)" if dirty else "")
+    return head + (" + uncommitted changes in runtime/" if dirty else "")
 
 
 def _print_record(item: dict, done: int, total: int) -> None:
@@ -938,6 +978,11 @@ def main(argv=None) -> int:
         "(default: every rank loads copies of the builds made at the start of the run)",
     )
     parser.add_argument("--json", help="write every result here")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results an interrupted run with the same --json and settings recorded",
+    )
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--log", help="the ranks' output (default: a temporary file)")
     parser.add_argument("--keep", action="store_true", help="keep the run's temporary directory")

@@ -109,6 +109,10 @@ def test_parameter_server_hosts_run_a_server_and_a_worker(tmp_path):
     would bind algo-N:2223 on one machine otherwise), and every task reaches every server."""
     pytest.importorskip("tensorflow")
     hosts = ["algo-1", "algo-2"]
+    # A host's servers end with its training, so each task waits, as real training would,
+    # until every task has reached every server (markers in a folder both hosts share).
+    sync = tmp_path / "reached"
+    sync.mkdir()
     script = ("import json, os, socket, time\n"
               "c = json.loads(os.environ['TF_CONFIG'])\n"
               "deadline = time.time() + 120\n"
@@ -119,6 +123,10 @@ def test_parameter_server_hosts_run_a_server_and_a_worker(tmp_path):
               "            socket.create_connection((ip, int(port)), timeout=1).close(); break\n"
               "        except OSError:\n"
               "            assert time.time() < deadline, address; time.sleep(0.5)\n"
+              f"sync = {str(sync)!r}\n"
+              "open(os.path.join(sync, os.environ['SHOAL_HOST']), 'w').close()\n"
+              "while len(os.listdir(sync)) < 2:\n"
+              "    assert time.time() < deadline, os.listdir(sync); time.sleep(0.2)\n"
               "open(os.path.join(os.environ['SM_MODEL_DIR'], 'tf_config.json'), 'w')"
               ".write(json.dumps(c))\n")  # fmt: skip
     root = make_job(tmp_path / "job", hosts, script,

@@ -10,6 +10,7 @@ ROOTS = {
     "shoal": "sdk/shoal",
     "shoal.launcher": "runtime/launcher",
     "shoal.dataparallel": "runtime/dataparallel",
+    "shoal.modelparallel": "runtime/modelparallel",
     "shoal.containers": "containers",
     "smdistributed": "runtime/smdistributed",
 }

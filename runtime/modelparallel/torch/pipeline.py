@@ -1,0 +1,258 @@
+"""The pipeline engine: SMP's step leader and followers over Shoal's point-to-point transfers.
+
+The step body runs on the pipeline's first rank (the leader), once per microbatch; every
+module call whose module another rank owns becomes a request to that rank (remote.py); the
+other ranks (followers) serve requests while they are inside ``smp.step`` and receive each
+microbatch's return value, so ``smp.step`` returns the same outputs on every rank. Which
+request or microbatch a rank works on next is the scheduler's choice (scheduler.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from shoal.modelparallel.errors import SMPPeerError, SMPUsageError
+from shoal.modelparallel.torch import remote
+from shoal.modelparallel.torch.scheduler import BACKWARD, FORWARD, Scheduler, current_task
+from shoal.modelparallel.torch.transport import Mailbox, Message, Transport
+
+# Message kinds (transport.KIND_CLOSE is 0).
+CALL, CALL_REPLY, GRAD, GRAD_REPLY, OUTPUT, STEP_END, STEP_ERROR = range(1, 8)
+
+
+class _Call:
+    """One remote call from this rank: sends the request, waits for the owner's replies."""
+
+    def __init__(self, engine: Engine, owner: int, module: str, args, kwargs) -> None:
+        self.engine, self.owner, self.module = engine, owner, module
+        self.call_id = next(engine._call_ids)
+        self.blob, self.tensors = remote.pack((args, kwargs))
+        self.task = current_task()
+        self.out_blob: bytes = b""
+
+    def run_forward(self) -> list[torch.Tensor]:
+        request = remote.CallRequest(
+            self.call_id, self.task.microbatch, self.module, self.blob,
+            tuple(remote.TensorSpec.of(t) for t in self.tensors), torch.is_grad_enabled())
+        reply, tensors = self.engine._request(self, self.owner, CALL, request, self.tensors)
+        if reply.error:
+            raise SMPPeerError(f"module {self.module!r} failed on pipeline rank "
+                               f"{self.owner}:\n{reply.error}")
+        self.out_blob = reply.blob
+        return tensors
+
+    def run_backward(self, grads: list, input_count: int) -> list:
+        present = tuple(i for i, g in enumerate(grads) if g is not None)
+        request = remote.GradRequest(self.call_id, self.task.microbatch, present)
+        reply, tensors = self.engine._request(
+            self, self.owner, GRAD, request, [grads[i] for i in present])
+        if reply.error:
+            raise SMPPeerError(f"the backward of module {self.module!r} failed on pipeline "
+                               f"rank {self.owner}:\n{reply.error}")
+        result: list = [None] * input_count
+        for i, g in zip(reply.present, tensors):
+            result[i] = g
+        return result
+
+
+class Engine:
+    """One rank's part of the pipeline (``rank`` and ``size`` are pipeline ranks)."""
+
+    def __init__(self, rank: int, size: int, group, pipeline: str) -> None:
+        self.rank, self.size = rank, size
+        self.scheduler = Scheduler(pipeline)
+        self.transport = Transport(group)
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.forwards: dict[str, Callable] = {}
+        self.owner: dict[str, int] = {}
+        self.active = False  # inside a step, with remote calls on
+        self._call_ids = itertools.count(1)
+        self._pending: dict[tuple[int, int], tuple[Any, Any]] = {}  # (owner, call) -> call
+        self._kept: dict[tuple[int, int], remote.KeptCall] = {}
+        self._outputs: dict[int, Any] = {}
+        self._step_ended = False
+        self._step_error: str | None = None
+        self._lock = threading.Lock()
+        self.mailbox = Mailbox(self.transport, self._deliver, self.scheduler.fail) if size > 1 else None
+
+    # -- placing modules ----------------------------------------------------------------
+    def install(self, modules: dict[str, torch.nn.Module], owner: dict[str, int]) -> None:
+        """Routes every module's forward through the engine (by the module's name)."""
+        self.modules, self.owner = modules, owner
+        for name, module in modules.items():
+            original = module.forward
+            self.forwards[name] = original
+            module.forward = self._dispatcher(name, original)
+
+    def _dispatcher(self, name: str, original: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            owner = self.owner[name]
+            if not self.active or owner == self.rank:
+                return original(*args, **kwargs)
+            return self._remote_call(owner, name, args, kwargs)
+        forward.__wrapped__ = original
+        return forward
+
+    def _remote_call(self, owner: int, name: str, args, kwargs):
+        call = _Call(self, owner, name, args, kwargs)
+        if call.task is None:
+            raise SMPUsageError(f"module {name!r} lives on pipeline rank {owner}; it can only "
+                                "be called inside an smp.step function")
+        if torch.is_grad_enabled():
+            anchor = torch.empty(0, requires_grad=True)
+            outputs = remote.RemoteFunction.apply(call, anchor, *call.tensors)
+        else:
+            outputs = call.run_forward()
+        return remote.unpack(call.out_blob, list(outputs))
+
+    def _request(self, call: _Call, owner: int, kind: int, meta, tensors):
+        key = (owner, call.call_id)
+        with self._lock:
+            self._pending[key] = call.task
+        self.transport.send_tensors(owner, kind, meta, tensors)
+        return self.scheduler.wait_reply(call.task)
+
+    # -- receiving ------------------------------------------------------------------------
+    def _deliver(self, message: Message) -> None:
+        kind, meta = message.kind, message.meta
+        if kind in (CALL_REPLY, GRAD_REPLY):
+            with self._lock:
+                task = self._pending.pop((message.source, meta.call_id))
+            self.scheduler.deliver(task, (meta, message.tensors))
+        elif kind == CALL:
+            self.scheduler.spawn(f"fwd-{meta.module}", meta.microbatch, FORWARD,
+                                 lambda: self._serve_call(message))
+        elif kind == GRAD:
+            self.scheduler.spawn(f"bwd-{meta.call_id}", meta.microbatch, BACKWARD,
+                                 lambda: self._serve_grad(message))
+        elif kind == OUTPUT:
+            microbatch, blob = meta
+            self._outputs[microbatch] = remote.unpack(blob, message.tensors)
+            self.scheduler.notify()
+        elif kind in (STEP_END, STEP_ERROR):
+            self._step_error = meta if kind == STEP_ERROR else None
+            self._step_ended = True
+            self.scheduler.notify()
+
+    def _serve_call(self, message: Message) -> None:
+        request: remote.CallRequest = message.meta
+        try:
+            inputs = remote.mark_inputs(message.tensors, request.specs)
+            args, kwargs = remote.unpack(request.blob, inputs)
+            with torch.set_grad_enabled(request.grad_enabled):
+                result = self.forwards[request.module](*args, **kwargs)
+            blob, outputs = remote.pack(result)
+            if request.grad_enabled and any(o.requires_grad for o in outputs):
+                self._kept[(message.source, request.call_id)] = remote.KeptCall(inputs, outputs)
+            reply = remote.CallReply(request.call_id, blob,
+                                     tuple(remote.TensorSpec.of(o) for o in outputs))
+        except Exception:  # noqa: BLE001 - the caller raises it with the trace
+            reply, outputs = remote.CallReply(request.call_id, b"", (), traceback.format_exc()), []
+        self.transport.send_tensors(message.source, CALL_REPLY, reply, outputs)
+
+    def _serve_grad(self, message: Message) -> None:
+        request: remote.GradRequest = message.meta
+        kept = self._kept.pop((message.source, request.call_id), None)
+        try:
+            if kept is None:
+                present, grads = (), []
+            else:
+                present, grads = remote.run_backward(kept, request.present, message.tensors)
+            reply = remote.GradReply(request.call_id, present)
+        except Exception:  # noqa: BLE001
+            reply, grads = remote.GradReply(request.call_id, (), traceback.format_exc()), []
+        self.transport.send_tensors(message.source, GRAD_REPLY, reply, grads)
+
+    # -- a step -----------------------------------------------------------------------------
+    def lead(self, bodies: list[Callable[[], Any]], active: int) -> list[Any]:
+        """Runs each microbatch's step body here (at most ``active`` in flight); every
+        follower receives each microbatch's result. Returns the results in order."""
+        results: list[Any] = [None] * len(bodies)
+        done: list = []
+        cv = threading.Condition()
+        started = itertools.count()
+
+        def finished(task):
+            with cv:
+                done.append(task)
+                cv.notify_all()
+
+        def start_next():
+            mb = next(started)
+            if mb < len(bodies):
+                self.scheduler.spawn(f"mb{mb}", mb, FORWARD, self._leading(mb, bodies[mb]),
+                                     finished)
+
+        self.active = True
+        self.scheduler.open()
+        try:
+            for _ in range(min(active, len(bodies))):
+                start_next()
+            for _ in range(len(bodies)):
+                with cv:
+                    cv.wait_for(lambda: done)
+                    task = done.pop(0)
+                if task.error is not None:
+                    self._end_step(error=task.error)
+                    raise task.error
+                results[task.microbatch] = task.result
+                start_next()
+            self._end_step()
+        finally:
+            self.scheduler.close()
+            self.active = False
+        return results
+
+    def _leading(self, mb: int, body: Callable[[], Any]) -> Callable[[], Any]:
+        def run():
+            result = body()
+            if self.size > 1:
+                blob, tensors = remote.pack(result)
+                tensors = [t.detach() for t in tensors]
+                for follower in range(1, self.size):
+                    self.transport.send_tensors(follower, OUTPUT, (mb, blob), tensors)
+            return result
+        return run
+
+    def _end_step(self, error: BaseException | None = None) -> None:
+        for follower in range(1, self.size):
+            if error is None:
+                self.transport.send_tensors(follower, STEP_END, None, [])
+            else:
+                text = "".join(traceback.format_exception(error))
+                self.transport.send_tensors(follower, STEP_ERROR, text, [])
+        self.scheduler.wait_idle()
+        self._kept.clear()  # calls whose backward never came (an evaluation step)
+
+    def follow(self, microbatches: int) -> list[Any]:
+        """Serves the leader's requests until its step ends; the microbatches' results."""
+        self.active = True
+        self.scheduler.open()
+        try:
+            self.scheduler.wait_idle(lambda: self._step_ended)
+        finally:
+            self.scheduler.close()
+            self.active = False
+            self._step_ended = False
+            self._kept.clear()
+        if self._step_error is not None:
+            error, self._step_error = self._step_error, None
+            raise SMPPeerError(f"the step failed on pipeline rank 0:\n{error}")
+        outputs = [self._outputs.pop(mb, None) for mb in range(microbatches)]
+        return outputs
+
+    def begin_backward(self) -> None:
+        """The running microbatch turns to its backward (the schedule may switch)."""
+        task = current_task()
+        if task is not None:
+            self.scheduler.switch_phase(task, BACKWARD)
+
+    def close(self) -> None:
+        if self.mailbox is not None:
+            self.mailbox.close((self.rank + 1) % self.size)

@@ -1,0 +1,187 @@
+"""Which microbatch a pipeline rank works on next: cooperative tasks and SMP's two schedules.
+
+Each piece of work on a rank (the step body for one microbatch on the pipeline's first rank,
+a module's forward or backward that another rank asked for) is a task on its own thread,
+but only the task holding the rank's single turn computes. A task gives its turn up when it
+waits for another rank (a remote module's outputs, its input gradients) and, on the first
+rank, when its microbatch turns from forward to backward. The turn then goes to the best
+ready task under the schedule:
+
+- ``interleaved``: a task in its backward first, else the lowest microbatch's forward
+  (microbatches in flight are capped by ``active_microbatches``): the 1F1B order.
+- ``simple``: every forward first; a backward only once no task on this rank is in its
+  forward (GPipe's order).
+
+The turn is held only while the rank is inside ``smp.step`` (``open``/``close``), so work
+that arrives early waits until the rank's own step has begun.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from shoal.modelparallel.errors import SMPPeerError
+
+FORWARD, BACKWARD = "forward", "backward"
+
+
+class Task:
+    """One unit of work of one microbatch; ``phase`` is FORWARD or BACKWARD."""
+
+    def __init__(self, name: str, microbatch: int, phase: str, seq: int) -> None:
+        self.name, self.microbatch, self.phase, self.seq = name, microbatch, phase, seq
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiting = False
+        self.reply: Any = None
+
+
+_current = threading.local()
+
+
+def current_task() -> Task | None:
+    """The task this thread runs, or None outside the scheduler."""
+    return getattr(_current, "task", None)
+
+
+class Scheduler:
+    def __init__(self, pipeline: str) -> None:
+        if pipeline not in ("interleaved", "simple"):
+            raise ValueError(f"'pipeline' must be 'interleaved' or 'simple' (got {pipeline!r})")
+        self.pipeline = pipeline
+        self._cv = threading.Condition()
+        self._running: Task | None = None
+        self._ready: list[Task] = []
+        self._alive: set[Task] = set()
+        self._seq = itertools.count()
+        self._open = False
+        self._error: BaseException | None = None
+        self._finished: list[Task] = []
+
+    # -- the step's window ------------------------------------------------------------
+    def open(self) -> None:
+        with self._cv:
+            self._open = True
+            self._dispatch()
+
+    def close(self) -> None:
+        with self._cv:
+            self._open = False
+
+    def wait_idle(self, until: Callable[[], bool] = lambda: True, timeout: float | None = None):
+        """Blocks until no task is alive and ``until()`` holds (checked under the lock)."""
+        with self._cv:
+            ok = self._cv.wait_for(
+                lambda: self._error is not None or (not self._alive and until()), timeout)
+            self._raise_failure()
+            return ok
+
+    def notify(self) -> None:
+        """Re-evaluates ``wait_idle``'s condition after state it reads has changed."""
+        with self._cv:
+            self._cv.notify_all()
+
+    # -- tasks ------------------------------------------------------------------------
+    def spawn(self, name: str, microbatch: int, phase: str, body: Callable[[], Any],
+              on_done: Callable[[Task], None] | None = None) -> Task:
+        task = Task(name, microbatch, phase, next(self._seq))
+        with self._cv:
+            self._alive.add(task)
+            self._ready.append(task)
+        thread = threading.Thread(target=self._run, args=(task, body, on_done),
+                                  name=f"shoal-mp-{name}", daemon=True)
+        thread.start()
+        with self._cv:
+            self._dispatch()
+        return task
+
+    def _run(self, task: Task, body, on_done) -> None:
+        _current.task = task
+        try:
+            self._acquire(task)
+            task.result = body()
+        except BaseException as exc:  # noqa: BLE001 - the step's owner re-raises it
+            task.error = exc
+        finally:
+            with self._cv:
+                task.done = True
+                self._alive.discard(task)
+                if self._running is task:
+                    self._running = None
+                self._dispatch()
+                self._cv.notify_all()
+            if on_done is not None:
+                on_done(task)
+
+    def _acquire(self, task: Task) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            self._raise_failure()
+
+    def wait_reply(self, task: Task) -> Any:
+        """Gives the turn up until ``deliver(task, ...)``; returns what was delivered."""
+        with self._cv:
+            task.waiting = True
+            self._running = None
+            self._dispatch()
+            self._cv.wait_for(lambda: not task.waiting or self._error is not None)
+            self._raise_failure()
+            self._ready.append(task)
+            self._dispatch()
+            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            self._raise_failure()
+            reply, task.reply = task.reply, None
+            return reply
+
+    def deliver(self, task: Task, reply: Any) -> None:
+        with self._cv:
+            task.reply = reply
+            task.waiting = False
+            self._cv.notify_all()
+
+    def switch_phase(self, task: Task, phase: str) -> None:
+        """The task's microbatch moves to ``phase``; the schedule may now prefer another."""
+        with self._cv:
+            task.phase = phase
+            self._running = None
+            self._ready.append(task)
+            self._dispatch()
+            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            self._raise_failure()
+
+    def fail(self, error: BaseException) -> None:
+        """A peer failed: every waiting task raises SMPPeerError from it."""
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            self._cv.notify_all()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise SMPPeerError(f"a pipeline peer failed: {self._error}") from self._error
+
+    # -- the schedule -----------------------------------------------------------------
+    def _dispatch(self) -> None:
+        if self._running is not None or not self._open or not self._ready:
+            return
+        eligible = self._ready
+        if self.pipeline == "simple" and any(
+            t.phase == FORWARD and not t.done for t in self._alive
+        ):
+            eligible = [t for t in self._ready if t.phase == FORWARD] or []
+        if not eligible:
+            return
+        best = min(eligible, key=self._priority)
+        self._ready.remove(best)
+        self._running = best
+        self._cv.notify_all()
+
+    def _priority(self, task: Task):
+        backward_first = 0 if task.phase == BACKWARD else 1
+        if self.pipeline == "simple":
+            backward_first = 1 - backward_first
+        return (backward_first, task.microbatch, task.seq)

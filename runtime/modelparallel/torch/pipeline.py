@@ -34,12 +34,13 @@ class _Call:
         self.call_id = next(engine._call_ids)
         self.blob, self.tensors = remote.pack((args, kwargs))
         self.task = current_task()
+        self.grad_enabled = torch.is_grad_enabled()  # Function.forward runs without grad
         self.out_blob: bytes = b""
 
     def run_forward(self) -> list[torch.Tensor]:
         request = remote.CallRequest(
             self.call_id, self.task.microbatch, self.module, self.blob,
-            tuple(remote.TensorSpec.of(t) for t in self.tensors), torch.is_grad_enabled())
+            tuple(remote.TensorSpec.of(t) for t in self.tensors), self.grad_enabled)
         reply, tensors = self.engine._request(self, self.owner, CALL, request, self.tensors)
         if reply.error:
             raise SMPPeerError(f"module {self.module!r} failed on pipeline rank "

@@ -1,0 +1,317 @@
+"""``smp.DistributedModel``: the user's module, partitioned over the pipeline at the first step.
+
+Until the first ``smp.step`` call the model is whole on every rank. That call decides who
+owns each module (partition.py: auto from a traced first microbatch, or the manual
+placements), routes module calls through the pipeline engine, frees the parameters of
+modules other ranks own, and, with ``ddp: True``, broadcasts each owned parameter and
+buffer from data-parallel rank 0. After every step, each rank averages its parameters'
+gradients over the microbatches (``average_grads_across_microbatches``) and, with ``ddp``,
+over its data-parallel group, so ``optimizer.step()`` sees the whole batch's gradient.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from shoal.dataparallel import core
+
+from shoal.modelparallel.errors import SMPUsageError
+from shoal.modelparallel.torch import partition as _partition
+from shoal.modelparallel.torch import state as _state
+from shoal.modelparallel.torch.scheduler import current_task
+
+_FORWARD_OUTSIDE_STEP = (
+    "SMP DistributedModel forward can only be run from inside a smp.step annotated function "
+    "when pipeline parallelism degree is more than 1.")
+_BACKWARD_OUTSIDE_STEP = (
+    "smp.DistributedModel's backward can only be run inside smp.step annotated function")
+
+
+class DataParallelModule(torch.nn.Module):
+    """The layer ``ddp: True`` adds, so scripts reach their module as ``model.module.module``."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+class DistributedModel(torch.nn.Module):
+    """Wraps the user's module; only one per process, created after ``smp.init()``."""
+
+    def __init__(self, module: torch.nn.Module, trace_device: str = "cpu",
+                 trace_execution_times: bool = False, overlapping_allreduce: bool = True,
+                 backward_passes_per_step: int = 1,
+                 average_grads_across_microbatches: bool = True, bucket_cap_mb: int = 25,
+                 trace_memory_usage: bool = False, broadcast_buffers: bool = True,
+                 gradient_as_bucket_view: bool = False, find_unused_parameters: bool = False,
+                 **_ignored: Any) -> None:
+        st = _state.require()
+        if st.model is not None:
+            raise SMPUsageError("smp.DistributedModel can be created only once per process")
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"smp.DistributedModel needs an nn.Module (got {type(module).__name__})")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"'backward_passes_per_step' must be >= 1 (got {backward_passes_per_step})")
+        super().__init__()
+        self.module = DataParallelModule(module) if st.cfg.ddp else module
+        self._user = module
+        self.trace_execution_times = trace_execution_times
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_grads_across_microbatches = average_grads_across_microbatches
+        self.bucket_bytes = int(bucket_cap_mb * 2**20)
+        self.broadcast_buffers = broadcast_buffers
+        self.partitioned = False
+        self.owner: dict[str, int] = {}
+        self._post_partition_hooks: list[Callable] = []
+        self._deferred_state: tuple[dict, bool] | None = None
+        self._steps = 0
+        st.model = self
+
+    # -- what scripts call ------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        st = _state.require()
+        if st.topology.pp_size > 1 and current_task() is None and not st.tracing:
+            raise SMPUsageError(_FORWARD_OUTSIDE_STEP)
+        return self.module(*args, **kwargs)
+
+    def backward(self, tensors, grad_tensors=None) -> None:
+        """Replaces ``loss.backward()``: the backward runs across the pipeline."""
+        st = _state.require()
+        if st.tracing:
+            return
+        if current_task() is None:
+            raise SMPUsageError(_BACKWARD_OUTSIDE_STEP)
+        st.engine.begin_backward()
+        torch.autograd.backward(tensors, grad_tensors)
+
+    def get_module(self) -> torch.nn.Module:
+        return self._user
+
+    def register_post_partition_hook(self, hook: Callable) -> None:
+        """``hook(model, optimizer)`` runs right after partitioning (now, if it is done)."""
+        if self.partitioned:
+            hook(self, _state.require().optimizer)
+        else:
+            self._post_partition_hooks.append(hook)
+
+    def join(self, *args, **kwargs):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    # -- what this rank holds ---------------------------------------------------------------
+    def _owns(self, module_name: str) -> bool:
+        return not self.partitioned or self.owner[module_name] == _state.require().topology.pp_rank
+
+    def local_named_modules(self):
+        for name, module in _partition.named_modules(self._user).items():
+            if self._owns(name):
+                yield name, module
+
+    def local_modules(self):
+        return (m for _, m in self.local_named_modules())
+
+    def local_named_parameters(self):
+        for name, module in self.local_named_modules():
+            for pname, param in module.named_parameters(recurse=False):
+                yield (f"{name}.{pname}" if name else pname), param
+
+    def local_parameters(self):
+        return (p for _, p in self.local_named_parameters())
+
+    def local_named_buffers(self):
+        for name, module in self.local_named_modules():
+            for bname, buf in module.named_buffers(recurse=False):
+                if buf is not None:
+                    yield (f"{name}.{bname}" if name else bname), buf
+
+    def local_buffers(self):
+        return (b for _, b in self.local_named_buffers())
+
+    # -- partitioning ----------------------------------------------------------------------
+    def partition_at_first_step(self, run_traced: Callable[[], Any] | None) -> None:
+        """Decides the owners (tracing ``run_traced`` on world rank 0 for auto-partition)."""
+        st = _state.require()
+        pp = st.topology.pp_size
+        modules = _partition.named_modules(self._user)
+        if pp == 1:
+            owner = dict.fromkeys(modules, 0)
+        elif not st.cfg.auto_partition:
+            owner = _partition.manual_assignment(self._user, pp, st.cfg.default_partition)
+        else:
+            from shoal.modelparallel.torch import comm
+
+            decided = None
+            if st.topology.rank == 0:
+                traces = self._trace(run_traced)
+                decided = _partition.auto_assignment(
+                    self._user, traces, pp, st.cfg.memory_weight, self.trace_execution_times)
+            owner = comm.broadcast_from_world_root(decided)
+        self.owner = owner
+        self.partitioned = True
+        st.engine.install(modules, owner)
+        self._release_others()
+        if st.cfg.ddp:
+            self._broadcast_from_dp_root()
+        self._register_microbatch_average()
+        if self._deferred_state is not None:
+            state_dict, strict = self._deferred_state
+            self._deferred_state = None
+            self.load_state_dict(state_dict, strict)
+        for hook in self._post_partition_hooks:
+            hook(self, st.optimizer)
+
+    def _trace(self, run_traced: Callable[[], Any]) -> dict[str, _partition.ModuleTrace]:
+        st = _state.require()
+        traces: dict[str, _partition.ModuleTrace] = {}
+        started: dict[str, list[float]] = {}
+        handles = []
+        for name, module in _partition.named_modules(self._user).items():
+            def pre(_m, _a, name=name):
+                traces.setdefault(name, _partition.ModuleTrace(order=len(traces)))
+                started.setdefault(name, []).append(time.perf_counter())
+
+            def post(_m, _a, output, name=name):
+                trace = traces[name]
+                trace.seconds += time.perf_counter() - started[name].pop()
+                trace.output_bytes += _tensor_bytes(output)
+            handles.append(module.register_forward_pre_hook(pre))
+            handles.append(module.register_forward_hook(post))
+        st.tracing = True
+        try:
+            with torch.no_grad():
+                run_traced()
+        finally:
+            st.tracing = False
+            for handle in handles:
+                handle.remove()
+        return traces
+
+    def _release_others(self) -> None:
+        """Frees the storage of parameters that other pipeline ranks own."""
+        me = _state.require().topology.pp_rank
+        for name, module in _partition.named_modules(self._user).items():
+            if self.owner[name] != me:
+                for param in module.parameters(recurse=False):
+                    param.data = torch.empty(0, dtype=param.dtype)
+
+    def _broadcast_from_dp_root(self) -> None:
+        st = _state.require()
+        from shoal.modelparallel.topology import CommGroup
+
+        group = st.core_group(CommGroup.DP_GROUP)
+        if group is _state.SOLO:
+            return
+        tensors = list(self.local_parameters())
+        if self.broadcast_buffers:
+            tensors += list(self.local_buffers())
+        for tensor in tensors:
+            if tensor.numel():
+                core.broadcast(_raw(tensor.data), 0, group=group)
+
+    def _register_microbatch_average(self) -> None:
+        m = _state.require().cfg.microbatches
+        if m == 1 or not self.average_grads_across_microbatches:
+            return
+        for param in self.local_parameters():
+            if param.requires_grad:
+                param.register_hook(lambda grad: None if grad is None else grad / m)
+
+    def after_step(self) -> None:
+        """Averages this rank's gradients over its data-parallel group (``ddp``)."""
+        st = _state.require()
+        self._steps += 1
+        if not st.cfg.ddp or self._steps % self.backward_passes_per_step:
+            return
+        from shoal.modelparallel.topology import CommGroup
+
+        group = st.core_group(CommGroup.DP_GROUP)
+        if group is _state.SOLO:
+            return
+        params = [p for p in self.local_parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # the same list on every replica: a missing grad is a zero
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p.grad for p in params], self.bucket_bytes):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            core.allreduce(flat.numpy(), op="average", group=group)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    # -- state dicts ------------------------------------------------------------------------
+    def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:
+        """This rank's parameters and buffers, marked partial."""
+        out: dict[str, Any] = dict(self.local_named_parameters())
+        out.update(self.local_named_buffers())
+        out = {k: v.detach() for k, v in out.items()}
+        out["_smp_is_partial"] = True
+        return out
+
+    def state_dict(self, *args, **kwargs) -> dict[str, Any]:  # noqa: ARG002
+        """The whole model's state, gathered from every pipeline rank (call it on all)."""
+        if not self.partitioned:
+            return self._user.state_dict()
+        from shoal.modelparallel.topology import CommGroup
+
+        from shoal.modelparallel.torch import comm
+
+        parts = comm.allgather(self.local_state_dict(), CommGroup.PP_GROUP)
+        merged: dict[str, Any] = {}
+        for part in parts:
+            merged.update({k: v for k, v in part.items() if k != "_smp_is_partial"})
+        return {k: merged[k] for k in self._user.state_dict() if k in merged}
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True):
+        """Loads a full or a partial (``local_state_dict``) state; before partitioning,
+        the load waits until the first step has partitioned the model."""
+        if not self.partitioned:
+            self._deferred_state = (dict(state_dict), strict)
+            return None
+        state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
+        own = dict(self.local_named_parameters())
+        own.update(self.local_named_buffers())
+        missing = [k for k in own if k not in state_dict]
+        if strict and missing:
+            raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        with torch.no_grad():
+            for key, tensor in own.items():
+                if key in state_dict:
+                    tensor.copy_(state_dict[key])
+        return None
+
+
+def _tensor_bytes(value: Any) -> int:
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value)
+               if isinstance(t, torch.Tensor))
+
+
+def _raw(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _buckets(grads: list[torch.Tensor], limit: int):
+    """Gradients grouped by dtype into buckets of at most ``limit`` bytes (one at least)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        bucket, size = [], 0
+        for g in group:
+            if bucket and size + g.numel() * g.element_size() > limit:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+        if bucket:
+            yield bucket

@@ -1,0 +1,66 @@
+"""``smp.DistributedOptimizer``: the user's optimizer itself, with SMP's state-dict methods.
+
+The same object comes back (so ``isinstance(opt, torch.optim.Optimizer)`` holds and LR
+schedulers accept it). Each rank steps only the parameters it owns: the others have no
+gradient, so torch's optimizers skip them. ``state_dict()`` gathers every pipeline rank's
+state; ``load_state_dict()`` waits until the model is partitioned.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from shoal.modelparallel.errors import SMPUsageError
+from shoal.modelparallel.topology import CommGroup
+from shoal.modelparallel.torch import state as _state
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,  # noqa: N802 - SMP's name
+                         dynamic_loss_scale: bool = False, **dynamic_loss_args: Any):
+    st = _state.require()
+    if st.model is None:
+        raise SMPUsageError("smp.DistributedModel call must take place before "
+                            "smp.DistributedOptimizer.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"smp.DistributedOptimizer needs a torch optimizer (got "
+                        f"{type(optimizer).__name__})")
+    known = {id(p) for p in st.model.parameters()}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in known:
+                raise SMPUsageError("every parameter of the optimizer must belong to the "
+                                    "smp.DistributedModel")
+    original_load = optimizer.load_state_dict
+    original_state = optimizer.state_dict
+    pending: list = []
+
+    def local_state_dict(self, *args, **kwargs):
+        out = original_state()
+        out["_smp_is_partial"] = True
+        return out
+
+    def state_dict(self):
+        from shoal.modelparallel.torch import comm
+
+        parts = comm.allgather(local_state_dict(self), CommGroup.PP_GROUP)
+        merged = original_state()
+        for part in parts:
+            merged["state"].update(part["state"])
+        return merged
+
+    def load_state_dict(self, state_dict):
+        state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
+        if not st.model.partitioned:
+            pending.append(state_dict)
+            st.model.register_post_partition_hook(lambda m, o: original_load(pending.pop()))
+            return
+        original_load(state_dict)
+
+    optimizer.local_state_dict = types.MethodType(local_state_dict, optimizer)
+    optimizer.state_dict = types.MethodType(state_dict, optimizer)
+    optimizer.load_state_dict = types.MethodType(load_state_dict, optimizer)
+    st.optimizer = optimizer
+    return optimizer

@@ -4,6 +4,7 @@
 JSON file holding one, that the training containers hand to ``smp.init()`` as the
 ``mp_parameters`` hyperparameter. It is checked here, once, against the library's documented
 parameters: every name, type, range and allowed value, and the rules that tie them together.
+The table itself lives in ``shoal.modelparallel.parameters``, which the runtime reads too.
 Two tables exist: the MPI-launched library (v1, ``mpi`` enabled) and the torchrun-launched
 library (v2, ``torch_distributed`` enabled). The parameters are kept exactly as written, so
 that the hyperparameter Shoal sends is the one the SageMaker Python SDK v2 sends.
@@ -16,93 +17,19 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from itertools import permutations
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 
 from shoal.errors import DistributionError
+from shoal.modelparallel import parameters as _table
+from shoal.modelparallel.parameters import Param, parameter_table
 
-PYTORCH = ("pytorch",)
-TENSORFLOW = ("tensorflow",)
-BOTH = ("pytorch", "tensorflow")
-
-
-@attrs.frozen
-class Param:
-    """What one parameter accepts: its kind, bounds, allowed values and frameworks."""
-
-    kind: str  # "int" | "count" (int, or a float such as 5e8 with no fraction) | "float" | "bool" | "str" | "choice"
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[str, ...] = ()
-    frameworks: tuple[str, ...] = BOTH
-
-
-_V1_PARAMETERS: dict[str, Param] = {
-    # Common to TensorFlow and PyTorch.
-    "partitions": Param("int", minimum=1),
-    "microbatches": Param("int", minimum=1),
-    "pipeline": Param("choice", choices=("simple", "interleaved", "_only_forward")),
-    "optimize": Param("choice", choices=("speed", "memory")),
-    "placement_strategy": Param("str"),  # checked by _check_placement_strategy
-    "auto_partition": Param("bool"),
-    "default_partition": Param("int", minimum=0),
-    "load_partition": Param("bool"),
-    "partition_file": Param("str"),
-    "deterministic_server": Param("bool"),
-    # TensorFlow only.
-    "contiguous": Param("bool", frameworks=TENSORFLOW),
-    "horovod": Param("bool", frameworks=TENSORFLOW),
-    # PyTorch only.
-    "pipeline_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "memory_weight": Param("float", minimum=0.0, maximum=1.0, frameworks=PYTORCH),
-    "ddp": Param("bool", frameworks=PYTORCH),
-    "ddp_port": Param("int", minimum=0, maximum=65535, frameworks=PYTORCH),
-    "ddp_dist_backend": Param("choice", choices=("auto", "nccl", "gloo"), frameworks=PYTORCH),
-    "active_microbatches": Param("int", minimum=1, frameworks=PYTORCH),
-    "offload_activations": Param("bool", frameworks=PYTORCH),
-    "activation_loading_horizon": Param("int", minimum=1, frameworks=PYTORCH),
-    "tensor_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "fp16": Param("bool", frameworks=PYTORCH),
-    "bf16": Param("bool", frameworks=PYTORCH),
-    "fp16_params": Param("bool", frameworks=PYTORCH),
-    "shard_optimizer_state": Param("bool", frameworks=PYTORCH),
-    "prescaled_batch": Param("bool", frameworks=PYTORCH),
-    "skip_tracing": Param("bool", frameworks=PYTORCH),
-    "delayed_parameter_initialization": Param("bool", frameworks=PYTORCH),
-    "static_mode": Param("bool", frameworks=PYTORCH),
-    "fast_mode": Param("bool", frameworks=PYTORCH),
-    "predefined_hooks": Param("bool", frameworks=PYTORCH),
-    "sharded_data_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "sdp_reduce_bucket_size": Param("count", minimum=1, frameworks=PYTORCH),
-    "sdp_param_persistence_threshold": Param("count", minimum=0, frameworks=PYTORCH),
-    "sdp_max_live_parameters": Param("count", minimum=1, frameworks=PYTORCH),
-    "sdp_hierarchical_allgather": Param("bool", frameworks=PYTORCH),
-    "sdp_gradient_clipping": Param("float", minimum=0.0, frameworks=PYTORCH),
-}
-
-# The torchrun-launched library (PyTorch >= 2.0 with torch_distributed).
-_V2_PARAMETERS: dict[str, Param] = {
-    "hybrid_shard_degree": Param("int", minimum=0, frameworks=PYTORCH),
-    "sm_activation_offloading": Param("bool", frameworks=PYTORCH),
-    "activation_loading_horizon": Param("int", minimum=1, frameworks=PYTORCH),
-    "fsdp_cache_flush_warnings": Param("bool", frameworks=PYTORCH),
-    "allow_empty_shards": Param("bool", frameworks=PYTORCH),
-    "tensor_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "context_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "expert_parallel_degree": Param("int", minimum=1, frameworks=PYTORCH),
-    "random_seed": Param("int", minimum=0, frameworks=PYTORCH),
-}
-
-_TENSOR_PLACEMENTS = tuple("".join(p) for p in permutations("DPT"))
-_PLACEMENT_ALIASES = ("cluster", "spread")
-
-
-def parameter_table(torchrun: bool = False) -> Mapping[str, Param]:
-    """The accepted parameters: the MPI-launched library's, or with ``torchrun`` the v2 one's."""
-    return MappingProxyType(_V2_PARAMETERS if torchrun else _V1_PARAMETERS)
+_V1_PARAMETERS = _table.V1_PARAMETERS
+_V2_PARAMETERS = _table.V2_PARAMETERS
+_TENSOR_PLACEMENTS = _table.TENSOR_PLACEMENTS
+_PLACEMENT_ALIASES = _table.PLACEMENT_ALIASES
 
 
 @attrs.frozen

@@ -576,6 +576,20 @@ def settle(count, want, seconds=5.0):
     return value
 
 
+def steady(count, quiet=0.5, seconds=10.0):
+    """``count()`` once it has not changed for ``quiet`` seconds: the baseline must not hold
+    what a just-destroyed group is still releasing (a lingering progress thread's
+    descriptors), or the count after the churn comes out lower than it."""
+    deadline = time.monotonic() + seconds
+    value, since = count(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = count()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def section_churn(dist, rank, world):
     """REPETITIONS process groups over varying subsets, each used (allreduce, barrier) and
     destroyed right after its barrier; then no shared-memory segment made by this job's
@@ -589,8 +603,8 @@ def section_churn(dist, rank, world):
     dist.all_reduce(torch.ones(1), group=warm)
     dist.destroy_process_group(warm)
     dist.barrier()
-    fds = len(os.listdir("/proc/self/fd"))
-    tasks = len(os.listdir("/proc/self/task"))
+    fds = steady(lambda: len(os.listdir("/proc/self/fd")))
+    tasks = steady(lambda: len(os.listdir("/proc/self/task")))
     threads = threading.active_count()
     for i in range(REPETITIONS):
         ranks = [(i + k) % world for k in range(1 + i % world)]

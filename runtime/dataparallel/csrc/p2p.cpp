@@ -500,6 +500,11 @@ void P2P::wait(Op& op) {
     }
     if (std::chrono::steady_clock::now() - op.since > std::chrono::milliseconds(cfg_.timeout_ms)) {
       std::lock_guard<std::mutex> lk(mu_);
+      // A receive that timed out before any message matched it leaves the posted list:
+      // a later message must not land in a buffer its owner has given up on.
+      posted_.erase(std::remove_if(posted_.begin(), posted_.end(),
+                                   [&](const auto& p) { return p.get() == &op; }),
+                    posted_.end());
       const int g = op.peer < 0 ? -1 : job_.global(op.peer);
       op.finish(std::make_exception_ptr(Error(
           Error::Kind::Timeout,

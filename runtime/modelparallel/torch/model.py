@@ -119,9 +119,13 @@ class DistributedModel(torch.nn.Module):
         return (m for _, m in self.local_named_modules())
 
     def local_named_parameters(self):
+        """This rank's parameters, each once (a tied parameter under its first name)."""
+        seen: set[int] = set()
         for name, module in self.local_named_modules():
             for pname, param in module.named_parameters(recurse=False):
-                yield (f"{name}.{pname}" if name else pname), param
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{name}.{pname}" if name else pname), param
 
     def local_parameters(self):
         return (p for _, p in self.local_named_parameters())
@@ -250,7 +254,10 @@ class DistributedModel(torch.nn.Module):
     # -- state dicts ------------------------------------------------------------------------
     def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:
         """This rank's parameters and buffers, marked partial."""
-        out: dict[str, Any] = dict(self.local_named_parameters())
+        out: dict[str, Any] = {}
+        for name, module in self.local_named_modules():  # tied parameters under each name
+            for pname, param in module.named_parameters(recurse=False):
+                out[f"{name}.{pname}" if name else pname] = param
         out.update(self.local_named_buffers())
         out = {k: v.detach() for k, v in out.items()}
         out["_smp_is_partial"] = True
@@ -277,8 +284,7 @@ class DistributedModel(torch.nn.Module):
             self._deferred_state = (dict(state_dict), strict)
             return None
         state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
-        own = dict(self.local_named_parameters())
-        own.update(self.local_named_buffers())
+        own = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
         missing = [k for k in own if k not in state_dict]
         if strict and missing:
             raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")

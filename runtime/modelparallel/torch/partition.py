@@ -14,7 +14,8 @@ cost of a module's subtree is ``memory_weight * memory + (1 - memory_weight) * c
 ``trace_execution_times`` is set, else the number of modules, as SMP counts it). The tree
 is opened from the root, the costliest subtree first, until no unit holds more than half a
 rank's share, and the units, in the order they ran, are cut into balanced contiguous
-segments, one per rank. A module that was opened runs where its first unit runs.
+segments, one per rank. A module that was opened runs on the first rank, where the root
+runs, so each unit is called from there.
 
 Either way, modules sharing a parameter (a tied embedding and output layer) run together:
 auto-partition moves them to the rank of the first of them, a manual placement that splits
@@ -210,10 +211,9 @@ def _balanced_segments(costs: list[float], parts: int) -> list[int]:
 
 
 def _place_opened(modules, children, assignment) -> None:
-    """A module that was opened runs where its first child runs."""
-    for name in sorted(modules, key=lambda n: -n.count(".") if n else 1):
-        if name not in assignment and children[name]:
-            assignment[name] = assignment[children[name][0]]
+    """A module that was opened runs where the root runs (the first rank), so every
+    remote call starts there and none is made from inside another remote call."""
+    for name in modules:
         assignment.setdefault(name, 0)
 
 

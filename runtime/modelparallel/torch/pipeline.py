@@ -41,7 +41,8 @@ class _Call:
         request = remote.CallRequest(
             self.call_id, self.task.microbatch, self.module, self.blob,
             tuple(remote.TensorSpec.of(t) for t in self.tensors), self.grad_enabled)
-        reply, tensors = self.engine._request(self, self.owner, CALL, request, self.tensors)
+        reply, tensors = self.engine._request(self, self.task, self.owner, CALL, request,
+                                              self.tensors)
         if reply.error:
             raise SMPPeerError(f"module {self.module!r} failed on pipeline rank "
                                f"{self.owner}:\n{reply.error}")
@@ -50,9 +51,12 @@ class _Call:
 
     def run_backward(self, grads: list, input_count: int) -> list:
         present = tuple(i for i, g in enumerate(grads) if g is not None)
-        request = remote.GradRequest(self.call_id, self.task.microbatch, present)
+        # The backward may run in another task than the forward did (a follower serves
+        # them as separate requests): the waiting task is the one running now.
+        task = current_task() or self.task
+        request = remote.GradRequest(self.call_id, task.microbatch, present)
         reply, tensors = self.engine._request(
-            self, self.owner, GRAD, request, [grads[i] for i in present])
+            self, task, self.owner, GRAD, request, [grads[i] for i in present])
         if reply.error:
             raise SMPPeerError(f"the backward of module {self.module!r} failed on pipeline "
                                f"rank {self.owner}:\n{reply.error}")
@@ -65,8 +69,10 @@ class _Call:
 class Engine:
     """One rank's part of the pipeline (``rank`` and ``size`` are pipeline ranks)."""
 
-    def __init__(self, rank: int, size: int, group, pipeline: str) -> None:
+    def __init__(self, rank: int, size: int, group, pipeline: str,
+                 reply_timeout: float = 300.0) -> None:
         self.rank, self.size = rank, size
+        self.reply_timeout = reply_timeout
         self.scheduler = Scheduler(pipeline)
         self.transport = Transport(group)
         self.modules: dict[str, torch.nn.Module] = {}
@@ -112,12 +118,17 @@ class Engine:
             outputs = call.run_forward()
         return remote.unpack(call.out_blob, list(outputs))
 
-    def _request(self, call: _Call, owner: int, kind: int, meta, tensors):
+    def _request(self, call: _Call, task, owner: int, kind: int, meta, tensors):
         key = (owner, call.call_id)
         with self._lock:
-            self._pending[key] = call.task
+            self._pending[key] = task
+        self.scheduler.expect(task)
         self.transport.send_tensors(owner, kind, meta, tensors)
-        return self.scheduler.wait_reply(call.task)
+        what = "outputs" if kind == CALL else "input gradients"
+        return self.scheduler.wait_reply(
+            task, self.reply_timeout,
+            f"pipeline rank {owner} sent no {what} of module {call.module!r} within "
+            f"{self.reply_timeout:g}s (SHOAL_COLLECTIVE_TIMEOUT)")
 
     # -- receiving ------------------------------------------------------------------------
     def _deliver(self, message: Message) -> None:

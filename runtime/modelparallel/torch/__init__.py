@@ -42,8 +42,8 @@ from shoal.modelparallel.torch.comm import (
 from shoal.modelparallel.torch.microbatch import StepOutput
 from shoal.modelparallel.torch.model import DistributedModel
 from shoal.modelparallel.torch.optimizer import DistributedOptimizer
-from shoal.modelparallel.torch.partition import partition, set_partition
-from shoal.modelparallel.torch.step import step
+from shoal.modelparallel.torch.placement import partition, set_partition
+from shoal.modelparallel.torch.stepping import step
 
 WORLD, PP_GROUP, TP_GROUP, RDP_GROUP, DP_GROUP, MP_GROUP = (
     CommGroup.WORLD, CommGroup.PP_GROUP, CommGroup.TP_GROUP, CommGroup.RDP_GROUP,

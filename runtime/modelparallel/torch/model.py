@@ -20,7 +20,7 @@ import torch
 from shoal.dataparallel import core
 
 from shoal.modelparallel.errors import SMPUsageError
-from shoal.modelparallel.torch import partition as _partition
+from shoal.modelparallel.torch import placement as _partition
 from shoal.modelparallel.torch import state as _state
 from shoal.modelparallel.torch.scheduler import current_task
 

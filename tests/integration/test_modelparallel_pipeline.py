@@ -123,10 +123,34 @@ def worker() -> None:
         assert owned and owned != set(full), "each rank holds only its partition"
     owner = model.owner
     assert owner["embed"] == owner["head"], owner  # the tied pair stayed together
+    check_checkpoints(smp, model, optimizer, os.environ["SHOAL_MP_TIMELINE"])
     smp.barrier()
     print(f"rank {smp.rank()} pp {smp.pp_rank()} dp {smp.dp_rank()}: loss {global_loss:.6f} "
           f"rel {rel:.2e} params {worst:.2e} owners {sorted(set(owner.values()))}: "
           f"1 cases ok", flush=True)
+
+
+def check_checkpoints(smp, model, optimizer, folder):
+    """save_checkpoint then resume_from_checkpoint restores this rank's parameters and
+    optimizer state; smp.save/smp.load with partial=True round-trip the local state."""
+    import torch
+
+    saved = {k: v.clone() for k, v in model.local_state_dict().items() if k != "_smp_is_partial"}
+    momentum = {k: v["momentum_buffer"].clone() for k, v in optimizer.state.items()
+                if "momentum_buffer" in v}
+    smp.save_checkpoint(folder, "step20", partial=True, user_content={"epoch": 3})
+    with torch.no_grad():
+        for param in model.local_parameters():
+            param.zero_()
+    assert smp.resume_from_checkpoint(folder) == {"epoch": 3}
+    restored = model.local_state_dict()
+    assert all(torch.equal(restored[k], v) for k, v in saved.items())
+    assert all(torch.equal(optimizer.state[k]["momentum_buffer"], v) for k, v in momentum.items())
+    if smp.dp_rank() == 0:
+        smp.save(model.local_state_dict(), os.path.join(folder, "weights"), partial=True)
+    smp.barrier()
+    loaded = smp.load(os.path.join(folder, "weights"), partial=True)
+    assert loaded["_smp_is_partial"] and set(loaded) == set(model.local_state_dict())
 
 
 CASES = {
@@ -145,10 +169,22 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_pipeline_matches_one_process(name):
+def test_pipeline_matches_one_process(name, tmp_path):
     ranks, config, batch, manual = CASES[name]
     case = {"config": config, "batch": batch, "manual": manual}
-    run_mpi(ranks, {"MP_CASE": json.dumps(case)}, script=HERE, timeout=300)
+    run_mpi(ranks, {"MP_CASE": json.dumps(case), "SHOAL_MP_TIMELINE": str(tmp_path)},
+            script=HERE, timeout=300)
+    from shoal.modelparallel.torch.timeline import idle_fraction
+
+    for rank in range(ranks):
+        events = json.loads((tmp_path / f"timeline-rank{rank}.json").read_text())["traceEvents"]
+        steps = [e for e in events if e["cat"] == "step"]
+        assert len(steps) == 20  # one span per smp.step call
+        tasks = [e for e in events if e["cat"] == "task"]
+        assert {e["args"]["task"] for e in tasks}  # the rank did work in its turns
+        assert all(0.0 <= f < 1.0 for f in idle_fraction(events))
+    leader = json.loads((tmp_path / "timeline-rank0.json").read_text())["traceEvents"]
+    assert any(e["cat"] == "transfer" and e["name"] == "call" for e in leader)
 
 
 def test_two_simulated_hosts_pipeline_across_hosts():

@@ -64,3 +64,97 @@ def _check_parts(f: str, pp: int, tp: int) -> None:
         raise SMPCheckpointError(
             f"Can not load a {len(parts)} parts checkpoint to a model with {pp} pipeline "
             f"parallel partitions and tensor parallel degree {tp} ({f}_*.pt)")
+
+
+def _rank_suffix(topo) -> str:
+    return f"{topo.pp_rank}_{topo.tp_rank}_{topo.rdp_rank}"
+
+
+def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optimizer=None,
+                    user_content: Any = None, translate_if_full: bool = True,
+                    num_kept_partial_checkpoints: int | None = None) -> None:
+    """Writes a checkpoint under ``path`` (every rank calls it).
+
+    Partial: ``{path}/{tag}_partial/model_{pp}_{tp}_{rdp}.pt`` and ``optimizer_...pt`` from
+    each data-parallel replica's first rank, ``user_content.pt`` from rank 0. Full: the
+    gathered model and optimizer state in ``{path}/{tag}`` from rank 0. ``{path}/newest``
+    names the tag; ``num_kept_partial_checkpoints`` removes the oldest partial ones.
+    """
+    from shoal.modelparallel.torch import comm
+
+    st = _state.require()
+    topo = st.topology
+    model = model if model is not None else st.model
+    optimizer = optimizer if optimizer is not None else st.optimizer
+    if partial:
+        folder = os.path.join(str(path), f"{tag}_partial")
+        os.makedirs(folder, exist_ok=True)
+        if topo.rdp_rank == 0:
+            suffix = _rank_suffix(topo)
+            if model is not None:
+                torch.save(model.local_state_dict(), os.path.join(folder, f"model_{suffix}.pt"))
+            if optimizer is not None:
+                torch.save(optimizer.local_state_dict(),
+                           os.path.join(folder, f"optimizer_{suffix}.pt"))
+        if topo.rank == 0:
+            torch.save(user_content, os.path.join(folder, "user_content.pt"))
+    else:
+        whole = {"model": model.state_dict() if model is not None else None,
+                 "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                 "user_content": user_content}
+        if topo.rank == 0:
+            os.makedirs(str(path), exist_ok=True)
+            torch.save(whole, os.path.join(str(path), str(tag)))
+    comm.barrier()
+    if topo.rank == 0:
+        with open(os.path.join(str(path), "newest"), "w", encoding="utf-8") as handle:
+            handle.write(f"{tag}_partial" if partial else str(tag))
+        if partial and num_kept_partial_checkpoints:
+            _remove_oldest(str(path), num_kept_partial_checkpoints)
+    comm.barrier()
+
+
+def _remove_oldest(path: str, keep: int) -> None:
+    import shutil
+
+    folders = sorted((p for p in glob.glob(os.path.join(glob.escape(path), "*_partial"))
+                      if os.path.isdir(p)), key=os.path.getmtime)
+    for folder in folders[:-keep]:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def resume_from_checkpoint(path: str, tag: str | None = None, partial: bool = True,
+                           strict: bool = True, load_optimizer: bool = True,
+                           load_sharded_optimizer_state: bool = True,
+                           translate_function=None) -> Any:
+    """Loads what ``save_checkpoint`` wrote (``tag`` None: the newest) into the model and
+    optimizer (deferred until partitioned, if they are not yet); returns the user content."""
+    st = _state.require()
+    topo = st.topology
+    if tag is None:
+        with open(os.path.join(str(path), "newest"), encoding="utf-8") as handle:
+            tag = handle.read().strip()
+        partial = tag.endswith("_partial")
+        tag = tag[: -len("_partial")] if partial else tag
+    if not partial:
+        whole = torch.load(os.path.join(str(path), str(tag)), weights_only=False)
+        if st.model is not None and whole.get("model") is not None:
+            st.model.load_state_dict(whole["model"], strict)
+        if load_optimizer and st.optimizer is not None and whole.get("optimizer") is not None:
+            st.optimizer.load_state_dict(whole["optimizer"])
+        return whole.get("user_content")
+    folder = os.path.join(str(path), f"{tag}_partial")
+    suffix = f"{topo.pp_rank}_{topo.tp_rank}_0"
+    model_file = os.path.join(folder, f"model_{suffix}.pt")
+    if not os.path.exists(model_file):
+        parts = sorted(glob.glob(os.path.join(glob.escape(folder), "model_*.pt")))
+        raise SMPCheckpointError(
+            f"Can not load a {len(parts)} parts checkpoint to a model with "
+            f"{topo.pp_size} pipeline parallel partitions: {model_file} is missing")
+    if st.model is not None:
+        st.model.load_state_dict(torch.load(model_file, weights_only=False), strict)
+    optimizer_file = os.path.join(folder, f"optimizer_{suffix}.pt")
+    if load_optimizer and st.optimizer is not None and os.path.exists(optimizer_file):
+        st.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=False))
+    content = os.path.join(folder, "user_content.pt")
+    return torch.load(content, weights_only=False) if os.path.exists(content) else None

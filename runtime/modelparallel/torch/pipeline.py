@@ -70,10 +70,11 @@ class Engine:
     """One rank's part of the pipeline (``rank`` and ``size`` are pipeline ranks)."""
 
     def __init__(self, rank: int, size: int, group, pipeline: str,
-                 reply_timeout: float = 300.0) -> None:
+                 reply_timeout: float = 300.0, timeline=None) -> None:
         self.rank, self.size = rank, size
         self.reply_timeout = reply_timeout
-        self.scheduler = Scheduler(pipeline)
+        self.timeline = timeline
+        self.scheduler = Scheduler(pipeline, timeline)
         self.transport = Transport(group)
         self.modules: dict[str, torch.nn.Module] = {}
         self.forwards: dict[str, Callable] = {}
@@ -123,6 +124,10 @@ class Engine:
         with self._lock:
             self._pending[key] = task
         self.scheduler.expect(task)
+        if self.timeline:
+            self.timeline.instant("call" if kind == CALL else "grad", "transfer", peer=owner,
+                                  module=call.module, microbatch=task.microbatch,
+                                  bytes=sum(t.numel() * t.element_size() for t in tensors))
         self.transport.send_tensors(owner, kind, meta, tensors)
         what = "outputs" if kind == CALL else "input gradients"
         return self.scheduler.wait_reply(
@@ -202,6 +207,7 @@ class Engine:
                                      finished)
 
         self.active = True
+        began = self.timeline.now() if self.timeline else 0.0
         self.scheduler.open()
         try:
             for _ in range(min(active, len(bodies))):
@@ -219,6 +225,8 @@ class Engine:
         finally:
             self.scheduler.close()
             self.active = False
+            if self.timeline:
+                self.timeline.span("step", "step", began, self.timeline.now())
         return results
 
     def _leading(self, mb: int, body: Callable[[], Any]) -> Callable[[], Any]:
@@ -245,6 +253,7 @@ class Engine:
     def follow(self, microbatches: int) -> list[Any]:
         """Serves the leader's requests until its step ends; the microbatches' results."""
         self.active = True
+        began = self.timeline.now() if self.timeline else 0.0
         self.scheduler.open()
         try:
             self.scheduler.wait_idle(lambda: self._step_ended)
@@ -253,6 +262,8 @@ class Engine:
             self.active = False
             self._step_ended = False
             self._kept.clear()
+            if self.timeline:
+                self.timeline.span("step", "step", began, self.timeline.now())
         if self._step_error is not None:
             error, self._step_error = self._step_error, None
             raise SMPPeerError(f"the step failed on pipeline rank 0:\n{error}")

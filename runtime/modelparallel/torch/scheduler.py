@@ -49,10 +49,12 @@ def current_task() -> Task | None:
 
 
 class Scheduler:
-    def __init__(self, pipeline: str) -> None:
+    def __init__(self, pipeline: str, timeline=None) -> None:
         if pipeline not in ("interleaved", "simple"):
             raise ValueError(f"'pipeline' must be 'interleaved' or 'simple' (got {pipeline!r})")
         self.pipeline = pipeline
+        self._timeline = timeline
+        self._turn_began = 0.0
         self._cv = threading.Condition()
         self._running: Task | None = None
         self._ready: list[Task] = []
@@ -172,6 +174,21 @@ class Scheduler:
     def _raise_failure(self) -> None:
         if self._error is not None:
             raise SMPPeerError(f"a pipeline peer failed: {self._error}") from self._error
+
+    # -- the turn, recorded on the timeline --------------------------------------------
+    @property
+    def _running(self) -> Task | None:
+        return self.__running
+
+    @_running.setter
+    def _running(self, task: Task | None) -> None:
+        previous = getattr(self, "_Scheduler__running", None)
+        if self._timeline is not None and previous is not None and previous is not task:
+            self._timeline.span(f"{previous.phase} mb{previous.microbatch}", "task",
+                                self._turn_began, self._timeline.now(), task=previous.name)
+        if task is not None and task is not previous and self._timeline is not None:
+            self._turn_began = self._timeline.now()
+        self.__running = task
 
     # -- the schedule -----------------------------------------------------------------
     def _dispatch(self) -> None:

@@ -103,8 +103,11 @@ def init(config: dict | None = None) -> State:
         state.torch_groups = _torch_groups(topology)
     from shoal.modelparallel.torch.pipeline import Engine
 
+    from shoal.modelparallel.torch.timeline import from_environment
+
     state.engine = Engine(topology.pp_rank, topology.pp_size, _transport_group(topology),
-                          cfg.pipeline, reply_timeout=_collective_timeout())
+                          cfg.pipeline, reply_timeout=_collective_timeout(),
+                          timeline=from_environment(topology.rank))
     _state = state
     atexit.register(shutdown)
     log.info("smp initialized: rank %d of %d, pp_rank %d/%d, dp_rank %d/%d, %d microbatches, "

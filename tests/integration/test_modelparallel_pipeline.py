@@ -1,10 +1,9 @@
 """The model-parallel runtime under the real mpirun: a small language model with a tied
 embedding and output layer, nested modules and keyword arguments, trained 20 steps through
 ``smp.step`` must end with the loss and the parameters of the same model trained in one
-process on the same global batches (relative difference <= 1e-5), for pipeline 2, data
-parallel 1 and 2, both schedules, 1 to 8 microbatches, auto and manual partitions, on one
-host and on 2 simulated hosts (pipeline 4 is left out: its step outputs still differ from
-the reference now and then). Each rank also checks what its step returned (the same on
+process on the same global batches (relative difference <= 1e-5), for pipeline 2 and
+4, data parallel 1 and 2, both schedules, 1 to 8 microbatches, auto and manual partitions,
+on one host and on 2 simulated hosts. Each rank also checks what its step returned (the same on
 every pipeline rank) and that it holds only its partition's parameters.
 
 This file is also the worker: ``python test_modelparallel_pipeline.py worker``.
@@ -159,6 +158,11 @@ CASES = {
     "pp2-dp1-simple-mb4-manual": (2, {"partitions": 2, "microbatches": 4, "pipeline": "simple",
                                       "active_microbatches": 4, "auto_partition": False,
                                       "default_partition": 0}, 8, True),
+    "pp4-dp1-interleaved-mb4-manual": (4, {"partitions": 4, "microbatches": 4,
+                                           "auto_partition": False, "default_partition": 0},
+                                       4, True),
+    "pp4-dp1-simple-mb8-auto": (4, {"partitions": 4, "microbatches": 8, "pipeline": "simple",
+                                    "active_microbatches": 8}, 8, False),
     "pp2-dp2-interleaved-mb2-auto": (4, {"partitions": 2, "microbatches": 2, "ddp": True}, 4, False),
     "pp2-dp2-simple-mb4-manual-spread": (4, {"partitions": 2, "microbatches": 4, "ddp": True,
                                              "pipeline": "simple", "active_microbatches": 4,
@@ -187,14 +191,15 @@ def test_pipeline_matches_one_process(name, tmp_path):
     assert any(e["cat"] == "transfer" and e["name"] == "call" for e in leader)
 
 
-def test_two_simulated_hosts_pipeline_across_hosts():
+def test_two_simulated_hosts_pipeline_across_hosts(tmp_path):
     """pipeline 2 x data 2 as 2 hosts x 2 processes: with ``cluster`` placement each host
     holds one pipeline, with ``spread`` each pipeline crosses the hosts."""
     for placement in ("cluster", "spread"):
         case = {"config": {"partitions": 2, "microbatches": 4, "ddp": True,
                            "placement_strategy": placement}, "batch": 4, "manual": False}
-        run_mpi(4, {"MP_CASE": json.dumps(case)}, per_rank_host=lambda r: f"h{r // 2}",
-                script=HERE, timeout=300)
+        folder = tmp_path / placement
+        run_mpi(4, {"MP_CASE": json.dumps(case), "SHOAL_MP_TIMELINE": str(folder)},
+                per_rank_host=lambda r: f"h{r // 2}", script=HERE, timeout=300)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

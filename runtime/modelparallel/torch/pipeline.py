@@ -87,6 +87,11 @@ class Engine:
         self._step_ended = False
         self._step_error: str | None = None
         self._lock = threading.Lock()
+        # Requests are served only inside this rank's own step: the leader may start its
+        # next step (and send its requests) before this rank has left the last one and
+        # updated its parameters. Requests that come outside a step wait here.
+        self._accepting = False
+        self._parked: list[Message] = []
         self.mailbox = Mailbox(self.transport, self._deliver, self.scheduler.fail) if size > 1 else None
 
     # -- placing modules ----------------------------------------------------------------
@@ -142,20 +147,39 @@ class Engine:
             with self._lock:
                 task = self._pending.pop((message.source, meta.call_id))
             self.scheduler.deliver(task, (meta, message.tensors))
-        elif kind == CALL:
-            self.scheduler.spawn(f"fwd-{meta.module}", meta.microbatch, FORWARD,
-                                 lambda: self._serve_call(message))
-        elif kind == GRAD:
-            self.scheduler.spawn(f"bwd-{meta.call_id}", meta.microbatch, BACKWARD,
-                                 lambda: self._serve_grad(message))
+        elif kind in (CALL, GRAD):
+            with self._lock:
+                if not self._accepting:
+                    self._parked.append(message)
+                    return
+            self._serve(message)
         elif kind == OUTPUT:
             microbatch, blob = meta
             self._outputs[microbatch] = remote.unpack(blob, message.tensors)
             self.scheduler.notify()
         elif kind in (STEP_END, STEP_ERROR):
+            with self._lock:
+                self._accepting = False  # what comes next belongs to the next step
             self._step_error = meta if kind == STEP_ERROR else None
             self._step_ended = True
             self.scheduler.notify()
+
+    def _serve(self, message: Message) -> None:
+        meta = message.meta
+        if message.kind == CALL:
+            self.scheduler.spawn(f"fwd-{meta.module}", meta.microbatch, FORWARD,
+                                 lambda: self._serve_call(message))
+        else:
+            self.scheduler.spawn(f"bwd-{meta.call_id}", meta.microbatch, BACKWARD,
+                                 lambda: self._serve_grad(message))
+
+    def _accept(self) -> None:
+        """Opens this rank's step to requests, first those that came early."""
+        with self._lock:
+            self._accepting = True
+            parked, self._parked = self._parked, []
+        for message in parked:
+            self._serve(message)
 
     def _serve_call(self, message: Message) -> None:
         request: remote.CallRequest = message.meta
@@ -208,6 +232,7 @@ class Engine:
 
         self.active = True
         began = self.timeline.now() if self.timeline else 0.0
+        self._accept()
         self.scheduler.open()
         try:
             for _ in range(min(active, len(bodies))):
@@ -223,6 +248,8 @@ class Engine:
                 start_next()
             self._end_step()
         finally:
+            with self._lock:
+                self._accepting = False
             self.scheduler.close()
             self.active = False
             if self.timeline:
@@ -254,6 +281,7 @@ class Engine:
         """Serves the leader's requests until its step ends; the microbatches' results."""
         self.active = True
         began = self.timeline.now() if self.timeline else 0.0
+        self._accept()
         self.scheduler.open()
         try:
             self.scheduler.wait_idle(lambda: self._step_ended)

@@ -36,3 +36,10 @@ def test_tensorflow_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
     text = outputs(run_notebook(NOTEBOOKS / "tensorflow_data_parallel.ipynb"))
     assert "held-out accuracy" in text and "model.tar.gz" in text
+
+
+@pytest.mark.torch
+def test_pytorch_model_parallel_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    text = outputs(run_notebook(NOTEBOOKS / "pytorch_model_parallel.ipynb"))
+    assert "next-token accuracy" in text and "model.tar.gz" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -42,12 +43,35 @@ def terminate_tree(root: psutil.Process, grace: float = GRACE_SECONDS) -> None:
     procs = tree(root)
     for proc in procs:
         _signal(proc, signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    alive = _wait_gone(procs, grace)
     # Processes forked while we waited are part of the job as well.
-    alive = {p.pid: p for p in alive + tree(root)}.values()
+    alive = list({p.pid: p for p in alive + tree(root)}.values())
     for proc in alive:
         _signal(proc, signal.SIGKILL)
-    psutil.wait_procs(list(alive), timeout=5)
+    _wait_gone(alive, 5)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Waits until every process has exited; returns those still running after ``timeout``.
+
+    A zombie has exited: its parent, or init, reaps it when it can. psutil's ``wait_procs``
+    waits on a zombie that is not our child until the time-out, and where nothing reaps
+    orphans (a container whose first process is not an init) that is the whole grace.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        psutil.wait_procs(procs, timeout=0)  # reaps those that are our own children
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _signal(proc: psutil.Process, sig: int) -> None:

@@ -92,6 +92,7 @@ class Engine:
         # updated its parameters. Requests that come outside a step wait here.
         self._accepting = False
         self._parked: list[Message] = []
+        self.peak_kept = 0  # most calls whose activations this rank held at once
         self.mailbox = Mailbox(self.transport, self._deliver, self.scheduler.fail) if size > 1 else None
 
     # -- placing modules ----------------------------------------------------------------
@@ -100,8 +101,48 @@ class Engine:
         self.modules, self.owner = modules, owner
         for name, module in modules.items():
             original = module.forward
+            if type(module).forward is torch.nn.Sequential.forward:
+                original = self._segmented(name, module)
             self.forwards[name] = original
             module.forward = self._dispatcher(name, original)
+
+    def _segmented(self, name: str, sequential: torch.nn.Sequential) -> Callable:
+        """An ``nn.Sequential`` whose consecutive children share an owner hands the owner
+        the whole run in one call (one transfer each way), not one call per child."""
+        prefix = f"{name}." if name else ""
+        children = [(f"{prefix}{key}", child) for key, child in sequential._modules.items()]
+
+        def forward(x):
+            i = 0
+            while i < len(children):
+                owner = self.owner[children[i][0]]
+                j = i
+                while j < len(children) and self.owner[children[j][0]] == owner:
+                    j += 1
+                if not self.active or owner == self.rank or j - i == 1:
+                    for _, child in children[i:j]:
+                        x = child(x)
+                else:
+                    x = self._remote_call(owner, f"{name}[{i}:{j}]", (x,), {})
+                i = j
+            return x
+
+        return forward
+
+    def _local_forward(self, key: str) -> Callable:
+        """The forward a request names: a module's, or a run of a Sequential's children."""
+        if key in self.forwards:
+            return self.forwards[key]
+        name, _, span = key.rpartition("[")
+        start, end = (int(v) for v in span.rstrip("]").split(":"))
+        run = list(self.modules[name]._modules.values())[start:end]
+
+        def forward(x):
+            for child in run:
+                x = child(x)
+            return x
+
+        return forward
 
     def _dispatcher(self, name: str, original: Callable) -> Callable:
         def forward(*args, **kwargs):
@@ -187,10 +228,11 @@ class Engine:
             inputs = remote.mark_inputs(message.tensors, request.specs)
             args, kwargs = remote.unpack(request.blob, inputs)
             with torch.set_grad_enabled(request.grad_enabled):
-                result = self.forwards[request.module](*args, **kwargs)
+                result = self._local_forward(request.module)(*args, **kwargs)
             blob, outputs = remote.pack(result)
             if request.grad_enabled and any(o.requires_grad for o in outputs):
                 self._kept[(message.source, request.call_id)] = remote.KeptCall(inputs, outputs)
+                self.peak_kept = max(self.peak_kept, len(self._kept))
             reply = remote.CallReply(request.call_id, blob,
                                      tuple(remote.TensorSpec.of(o) for o in outputs))
         except Exception:  # noqa: BLE001 - the caller raises it with the trace

@@ -61,6 +61,7 @@ class Scheduler:
         self._alive: set[Task] = set()
         self._seq = itertools.count()
         self._open = False
+        self.peak_alive = 0  # most tasks alive at once (on the leader: microbatches in flight)
         self._error: BaseException | None = None
         self._finished: list[Task] = []
 
@@ -93,6 +94,7 @@ class Scheduler:
         task = Task(name, microbatch, phase, next(self._seq))
         with self._cv:
             self._alive.add(task)
+            self.peak_alive = max(self.peak_alive, len(self._alive))
             self._ready.append(task)
         thread = threading.Thread(target=self._run, args=(task, body, on_done),
                                   name=f"shoal-mp-{name}", daemon=True)

@@ -95,3 +95,29 @@ def test_model_parallel_example_pipeline_2_by_data_parallel_2_on_2_hosts(tmp_pat
     assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
     assert metrics["pp"] == 2 and metrics["dp"] == 2
     assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+
+
+@pytest.mark.torch
+def test_an_smp_script_in_the_style_of_the_mnist_example_runs_on_2_hosts(digits, tmp_path,
+                                                                          monkeypatch):
+    """SageMaker's MNIST model-parallel example's structure, CUDA lines aside, through the
+    estimator with its notebook's parameters: 2 partitions, 4 microbatches, ddp, interleaved,
+    spread placement; mpirun over 2 hosts x 2 processes."""
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    scripts = Path(__file__).resolve().parent / "smp_scripts"
+    estimator = shoal.PyTorch(
+        entry_point="smp_mnist_style.py", source_dir=str(scripts),
+        role="arn:aws:iam::111122223333:role/Examples", instance_type="local",
+        instance_count=2, framework_version="1.13.1", py_version="py39",
+        distribution={"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "microbatches": 4, "placement_strategy": "spread", "pipeline": "interleaved",
+            "optimize": "speed", "partitions": 2, "ddp": True}}},
+            "mpi": {"enabled": True, "processes_per_host": 2}},
+        hyperparameters={"epochs": 4}, output_path=(tmp_path / "out").as_uri())
+    estimator.fit({"train": digits.as_uri()}, job_name="smp-mnist-style")
+    log = (tmp_path / "jobs" / "smp-mnist-style" / "logs.txt").read_text()
+    accuracy = float(log.split("final accuracy ")[1].split()[0])
+    assert accuracy >= 0.9, log[-3000:]
+    with tarfile.open(tmp_path / "out" / "model.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"model_checkpoint.pt_0_0.pt", "model_checkpoint.pt_1_0.pt"} <= names, names

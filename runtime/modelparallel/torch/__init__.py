@@ -24,7 +24,7 @@ import os
 
 from shoal.modelparallel import __version__
 from shoal.modelparallel.topology import CommGroup, RankType
-from shoal.modelparallel.torch import state
+from shoal.modelparallel.torch import amp, state
 from shoal.modelparallel.torch.checkpoint import load, resume_from_checkpoint, save, save_checkpoint
 from shoal.modelparallel.torch.comm import (
     allgather,

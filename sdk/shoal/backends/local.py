@@ -175,7 +175,9 @@ class LocalTrainingJob:
 
 @contextlib.contextmanager
 def _sigterm_interrupts():
-    """While following, SIGTERM acts as Ctrl-C (signal handlers exist in the main thread only)."""
+    """While following, SIGTERM and SIGINT stop the job (signal handlers exist in the main
+    thread only). SIGINT gets its handler explicitly: a process started in the background
+    by a non-interactive shell inherits SIGINT ignored, and Python then installs none."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -183,11 +185,12 @@ def _sigterm_interrupts():
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _open_log(path: Path):

@@ -576,6 +576,46 @@ def settle(count, want, seconds=5.0):
     return value
 
 
+def open_fds():
+    """Descriptor -> what it refers to (a socket with its endpoints), for a failure message
+    that says what changed."""
+    sockets = socket_endpoints()
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            what = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed between listdir and readlink (listdir's own descriptor)
+            continue
+        inode = what[len("socket:["):-1] if what.startswith("socket:[") else None
+        found[name] = f"{what} ({sockets.get(inode, '?')})" if inode else what
+    return found
+
+
+def socket_endpoints():
+    """Socket inode -> its TCP endpoints or unix path, from /proc/self/net."""
+    found = {}
+    for table in ("tcp", "tcp6", "unix"):
+        try:
+            with open(f"/proc/self/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if table == "unix":
+                found[cols[6]] = f"unix {cols[7] if len(cols) > 7 else '(unnamed)'}"
+            else:
+                local, remote = (int(c.split(":")[1], 16) for c in cols[1:3])
+                found[cols[9]] = f"{table} port {local} -> {remote} state {cols[3]}"
+    return found
+
+
+def fd_changes(before, after):
+    gone = {fd: what for fd, what in before.items() if after.get(fd) != what}
+    new = {fd: what for fd, what in after.items() if before.get(fd) != what}
+    return f"gone {gone}, new {new}"
+
+
 def steady(count, quiet=0.5, seconds=10.0):
     """``count()`` once it has not changed for ``quiet`` seconds: the baseline must not hold
     what a just-destroyed group is still releasing (a lingering progress thread's
@@ -604,6 +644,7 @@ def section_churn(dist, rank, world):
     dist.destroy_process_group(warm)
     dist.barrier()
     fds = steady(lambda: len(os.listdir("/proc/self/fd")))
+    fd_before = open_fds()
     tasks = steady(lambda: len(os.listdir("/proc/self/task")))
     threads = threading.active_count()
     for i in range(REPETITIONS):
@@ -619,8 +660,13 @@ def section_churn(dist, rank, world):
     leftover = shoal_segments(pids)
     now_fds = settle(lambda: len(os.listdir("/proc/self/fd")), fds)
     now_tasks = settle(lambda: len(os.listdir("/proc/self/task")), tasks)
+    fd_after = open_fds()
+    # Until every rank has counted: a rank that exits closes its store connection, and
+    # the store's server side on rank 0 closes with it (two descriptors fewer on rank 0).
+    dist.barrier()
     assert not leftover, f"rank {rank}: shared-memory segments left: {leftover}"
-    assert now_fds == fds, f"rank {rank}: {now_fds - fds} file descriptors more than before"
+    assert now_fds == fds, (f"rank {rank}: {now_fds - fds} file descriptors more than before; "
+                            f"fd changes {fd_changes(fd_before, fd_after)}")
     assert now_tasks == tasks, f"rank {rank}: {now_tasks - tasks} native threads more than before"
     assert threading.active_count() == threads
     print(f"rank {rank}: {REPETITIONS} groups, fds {fds}, tasks {tasks}: churn ok", flush=True)

@@ -4,9 +4,10 @@ Until the first ``smp.step`` call the model is whole on every rank. That call de
 owns each module (partition.py: auto from a traced first microbatch, or the manual
 placements), routes module calls through the pipeline engine, frees the parameters of
 modules other ranks own, and, with ``ddp: True``, broadcasts each owned parameter and
-buffer from data-parallel rank 0. After every step, each rank averages its parameters'
-gradients over the microbatches (``average_grads_across_microbatches``) and, with ``ddp``,
-over its data-parallel group, so ``optimizer.step()`` sees the whole batch's gradient.
+buffer from data-parallel rank 0. Each rank averages its parameters' gradients over the
+microbatches (``average_grads_across_microbatches``) and, with ``ddp``, over its
+data-parallel group (gradsync.py: buckets start during the backward), so
+``optimizer.step()`` sees the whole batch's gradient.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from shoal.dataparallel import core
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.torch import placement as _partition
 from shoal.modelparallel.torch import state as _state
+from shoal.modelparallel.torch.gradsync import GradientSync
 from shoal.modelparallel.torch.scheduler import current_task
 
 _FORWARD_OUTSIDE_STEP = (
@@ -71,7 +73,8 @@ class DistributedModel(torch.nn.Module):
         self.owner: dict[str, int] = {}
         self._post_partition_hooks: list[Callable] = []
         self._deferred_state: tuple[dict, bool] | None = None
-        self._steps = 0
+        self.overlapping_allreduce = overlapping_allreduce
+        self._grad_sync: GradientSync | None = None
         st.model = self
 
     # -- what scripts call ------------------------------------------------------------------
@@ -165,6 +168,7 @@ class DistributedModel(torch.nn.Module):
         if st.cfg.ddp:
             self._broadcast_from_dp_root()
         self._register_microbatch_average()
+        self._start_gradient_sync()
         if self._deferred_state is not None:
             state_dict, strict = self._deferred_state
             self._deferred_state = None
@@ -228,28 +232,24 @@ class DistributedModel(torch.nn.Module):
             if param.requires_grad:
                 param.register_hook(lambda grad: None if grad is None else grad / m)
 
-    def after_step(self) -> None:
-        """Averages this rank's gradients over its data-parallel group (``ddp``)."""
+    def _start_gradient_sync(self) -> None:
         st = _state.require()
-        self._steps += 1
-        if not st.cfg.ddp or self._steps % self.backward_passes_per_step:
+        if not st.cfg.ddp:
             return
         from shoal.modelparallel.topology import CommGroup
 
         group = st.core_group(CommGroup.DP_GROUP)
         if group is _state.SOLO:
             return
-        params = [p for p in self.local_parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:  # the same list on every replica: a missing grad is a zero
-                p.grad = torch.zeros_like(p)
-        for bucket in _buckets([p.grad for p in params], self.bucket_bytes):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            core.allreduce(flat.numpy(), op="average", group=group)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+        self._grad_sync = GradientSync(list(self.local_parameters()), group, self.bucket_bytes,
+                                       self.backward_passes_per_step, self.overlapping_allreduce,
+                                       timeline=st.engine.timeline)
+
+    def after_step(self) -> None:
+        """Averages this rank's gradients over its data-parallel group (``ddp``): the
+        buckets that started during the backward are waited for, the rest reduced now."""
+        if self._grad_sync is not None:
+            self._grad_sync.finish_step()
 
     # -- state dicts ------------------------------------------------------------------------
     def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:
@@ -304,20 +304,3 @@ def _tensor_bytes(value: Any) -> int:
 
 def _raw(tensor: torch.Tensor) -> np.ndarray:
     return tensor.reshape(-1).view(torch.uint8).numpy()
-
-
-def _buckets(grads: list[torch.Tensor], limit: int):
-    """Gradients grouped by dtype into buckets of at most ``limit`` bytes (one at least)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for group in by_dtype.values():
-        bucket, size = [], 0
-        for g in group:
-            if bucket and size + g.numel() * g.element_size() > limit:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append(g)
-            size += g.numel() * g.element_size()
-        if bucket:
-            yield bucket

@@ -4,8 +4,9 @@ Until the first ``smp.step`` call the model is whole on every rank. That call de
 owns each module (partition.py: auto from a traced first microbatch, or the manual
 placements), routes module calls through the pipeline engine, frees the parameters of
 modules other ranks own, and, with ``ddp: True``, broadcasts each owned parameter and
-buffer from data-parallel rank 0. Each rank averages its parameters' gradients over the
-microbatches (``average_grads_across_microbatches``) and, with ``ddp``, over its
+buffer from data-parallel rank 0. Gradients are averaged over the microbatches
+(``average_grads_across_microbatches``: each microbatch's backward starts from its loss's
+gradient divided by their number) and, with ``ddp``, over the
 data-parallel group (gradsync.py: buckets start during the backward), so
 ``optimizer.step()`` sees the whole batch's gradient.
 """
@@ -92,6 +93,9 @@ class DistributedModel(torch.nn.Module):
         if current_task() is None:
             raise SMPUsageError(_BACKWARD_OUTSIDE_STEP)
         st.engine.begin_backward()
+        m = st.cfg.microbatches
+        if m > 1 and self.average_grads_across_microbatches:
+            tensors, grad_tensors = _scaled_roots(tensors, grad_tensors, 1.0 / m)
         torch.autograd.backward(tensors, grad_tensors)
 
     def get_module(self) -> torch.nn.Module:
@@ -167,7 +171,6 @@ class DistributedModel(torch.nn.Module):
         self._release_others()
         if st.cfg.ddp:
             self._broadcast_from_dp_root()
-        self._register_microbatch_average()
         self._start_gradient_sync()
         if self._deferred_state is not None:
             state_dict, strict = self._deferred_state
@@ -223,14 +226,6 @@ class DistributedModel(torch.nn.Module):
         for tensor in tensors:
             if tensor.numel():
                 core.broadcast(_raw(tensor.data), 0, group=group)
-
-    def _register_microbatch_average(self) -> None:
-        m = _state.require().cfg.microbatches
-        if m == 1 or not self.average_grads_across_microbatches:
-            return
-        for param in self.local_parameters():
-            if param.requires_grad:
-                param.register_hook(lambda grad: None if grad is None else grad / m)
 
     def _start_gradient_sync(self) -> None:
         st = _state.require()
@@ -293,6 +288,20 @@ class DistributedModel(torch.nn.Module):
                 if key in state_dict:
                     tensor.copy_(state_dict[key])
         return None
+
+
+def _scaled_roots(tensors, grad_tensors, scale: float):
+    """The backward's roots with their gradients times ``scale``: averaging over the
+    microbatches once at the root of each microbatch's backward, instead of once per
+    parameter and microbatch, scales every gradient that flows from it, on every rank."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    if grad_tensors is None:
+        grad_tensors = [None] * len(tensors)
+    elif isinstance(grad_tensors, torch.Tensor):
+        grad_tensors = [grad_tensors]
+    grads = [torch.full_like(t, scale) if g is None else g * scale
+             for t, g in zip(tensors, grad_tensors)]
+    return tensors, grads
 
 
 def _tensor_bytes(value: Any) -> int:

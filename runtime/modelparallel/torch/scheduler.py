@@ -1,8 +1,8 @@
 """Which microbatch a pipeline rank works on next: cooperative tasks and SMP's two schedules.
 
 Each piece of work on a rank (the step body for one microbatch on the pipeline's first rank,
-a module's forward or backward that another rank asked for) is a task on its own thread,
-but only the task holding the rank's single turn computes. A task gives its turn up when it
+a module's forward or backward that another rank asked for) is a task on its own thread
+(kept in a pool from one task to the next), but only the task holding the rank's single turn computes. A task gives its turn up when it
 waits for another rank (a remote module's outputs, its input gradients) and, on the first
 rank, when its microbatch turns from forward to backward. The turn then goes to the best
 ready task under the schedule:
@@ -38,6 +38,51 @@ class Task:
         self.done = False
         self.waiting = False
         self.reply: Any = None
+        self.wake: threading.Condition | None = None  # on the scheduler's lock
+
+
+class _Workers:
+    """Threads kept from one task to the next: starting a thread for every request costs
+    more than a small microbatch's work. A task may block (waiting for its turn or a
+    reply), so the pool grows to the most tasks alive at once and keeps them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        (worker or _Worker(self)).give(job)
+
+    def rest(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+
+class _Worker:
+    def __init__(self, pool: _Workers) -> None:
+        self._pool = pool
+        # One lock; the main thread's waits (wait_idle) use _cv, each task its own
+        # condition, so a change wakes only the thread it concerns.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._workers = _Workers()
+        self._job: Callable[[], None] | None = None
+        threading.Thread(target=self._loop, name="shoal-mp-task", daemon=True).start()
+
+    def give(self, job: Callable[[], None]) -> None:
+        with self._cv:
+            self._job = job
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._job is not None)
+                job, self._job = self._job, None
+            job()
+            self._pool.rest(self)
 
 
 _current = threading.local()
@@ -55,7 +100,11 @@ class Scheduler:
         self.pipeline = pipeline
         self._timeline = timeline
         self._turn_began = 0.0
-        self._cv = threading.Condition()
+        # One lock; the main thread's waits (wait_idle) use _cv, each task its own
+        # condition, so a change wakes only the thread it concerns.
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._workers = _Workers()
         self._running: Task | None = None
         self._ready: list[Task] = []
         self._alive: set[Task] = set()
@@ -92,13 +141,12 @@ class Scheduler:
     def spawn(self, name: str, microbatch: int, phase: str, body: Callable[[], Any],
               on_done: Callable[[Task], None] | None = None) -> Task:
         task = Task(name, microbatch, phase, next(self._seq))
+        task.wake = threading.Condition(self._lock)
         with self._cv:
             self._alive.add(task)
             self.peak_alive = max(self.peak_alive, len(self._alive))
             self._ready.append(task)
-        thread = threading.Thread(target=self._run, args=(task, body, on_done),
-                                  name=f"shoal-mp-{name}", daemon=True)
-        thread.start()
+        self._workers.run(lambda: self._run(task, body, on_done))
         with self._cv:
             self._dispatch()
         return task
@@ -120,10 +168,11 @@ class Scheduler:
                 self._cv.notify_all()
             if on_done is not None:
                 on_done(task)
+            _current.task = None  # the thread goes back to the pool
 
     def _acquire(self, task: Task) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            task.wake.wait_for(lambda: self._running is task or self._error is not None)
             self._raise_failure()
 
     def expect(self, task: Task) -> None:
@@ -138,14 +187,14 @@ class Scheduler:
         with self._cv:
             self._running = None
             self._dispatch()
-            arrived = self._cv.wait_for(lambda: not task.waiting or self._error is not None,
-                                        timeout)
+            arrived = task.wake.wait_for(lambda: not task.waiting or self._error is not None,
+                                         timeout)
             self._raise_failure()
             if not arrived:
                 raise SMPPeerError(late or f"no reply within {timeout}s")
             self._ready.append(task)
             self._dispatch()
-            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            task.wake.wait_for(lambda: self._running is task or self._error is not None)
             self._raise_failure()
             reply, task.reply = task.reply, None
             return reply
@@ -154,7 +203,7 @@ class Scheduler:
         with self._cv:
             task.reply = reply
             task.waiting = False
-            self._cv.notify_all()
+            task.wake.notify()
 
     def switch_phase(self, task: Task, phase: str) -> None:
         """The task's microbatch moves to ``phase``; the schedule may now prefer another."""
@@ -163,7 +212,7 @@ class Scheduler:
             self._running = None
             self._ready.append(task)
             self._dispatch()
-            self._cv.wait_for(lambda: self._running is task or self._error is not None)
+            task.wake.wait_for(lambda: self._running is task or self._error is not None)
             self._raise_failure()
 
     def fail(self, error: BaseException) -> None:
@@ -171,6 +220,8 @@ class Scheduler:
         with self._cv:
             if self._error is None:
                 self._error = error
+            for task in self._alive:
+                task.wake.notify_all()
             self._cv.notify_all()
 
     def _raise_failure(self) -> None:
@@ -206,7 +257,7 @@ class Scheduler:
         best = min(eligible, key=self._priority)
         self._ready.remove(best)
         self._running = best
-        self._cv.notify_all()
+        best.wake.notify()
 
     def _priority(self, task: Task):
         backward_first = 0 if task.phase == BACKWARD else 1

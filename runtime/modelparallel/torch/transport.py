@@ -1,12 +1,14 @@
-"""Messages between the ranks of a pipeline: a small header, pickled metadata, then tensors.
+"""Messages between the ranks of a pipeline: one frame, then what did not fit in it.
 
 Every message goes over the pipeline group's point-to-point transfers in Shoal's core
-(shared memory inside a host, the host-to-host connections across hosts). A message is
-three or more transfers to the same peer: a fixed header (kind, metadata length, tensor
-count), the metadata bytes, and each tensor's bytes straight from (and into) the tensor's
-own storage. Per source and tag the core matches in issue order, so one lock around each
+(shared memory inside a host, the host-to-host connections across hosts). Its first
+transfer is a fixed-size frame: a header (kind, metadata length, tensor count), the pickled
+metadata with the tensors' specs, and, in order, each tensor whose bytes still fit. Metadata
+too long for the frame follows in a transfer of its own, and so does each tensor that did
+not fit, straight from (and into) the tensor's own storage. A small message is thus one
+transfer. Per source and tag the core matches in issue order, so one lock around each
 message's sends keeps a message's parts together; the receiving side has one thread (the
-``Mailbox``'s) that takes the header from any source and then the rest from that source.
+``Mailbox``'s) that takes a frame from any source and then the rest from that source.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 from shoal.dataparallel import core
 
 # Tags of the pipeline's transfers; the object collectives (comm.py) use their own.
-TAG_HEADER, TAG_META, TAG_DATA = 7100, 7101, 7102
+TAG_FRAME, TAG_META, TAG_DATA = 7100, 7101, 7102
+FRAME_BYTES = 4096  # small enough to copy for nothing, large enough for a request's metadata
+_HEADER = np.dtype(np.int64).itemsize * 4  # kind, metadata length, tensor count, reserved
 
 
 @attrs.frozen
@@ -51,6 +55,23 @@ def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
     return tensor.view(-1).view(torch.uint8).numpy()
 
 
+def _layout(meta_bytes: int, tensor_bytes: list[int]) -> tuple[bool, list[int | None]]:
+    """Whether the metadata rides in the frame, and each tensor's offset in the frame
+    (None: a transfer of its own). Sender and receiver both decide by this rule."""
+    used = _HEADER
+    meta_inline = used + meta_bytes <= FRAME_BYTES
+    if meta_inline:
+        used += meta_bytes
+    offsets: list[int | None] = []
+    for n in tensor_bytes:
+        if n and used + n <= FRAME_BYTES:
+            offsets.append(used)
+            used += n
+        else:
+            offsets.append(None)
+    return meta_inline, offsets
+
+
 class Transport:
     """Sends messages to, and receives them from, the other ranks of one core group."""
 
@@ -58,36 +79,53 @@ class Transport:
         self.group = group
         self._send_lock = threading.Lock()
 
-    def send(self, dst: int, kind: int, meta: Any, tensors: list[torch.Tensor]) -> None:
-        blob = np.frombuffer(pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL), np.uint8).copy()
+    def send_tensors(self, dst: int, kind: int, meta: Any, tensors: list[torch.Tensor]) -> None:
+        """Sends ``meta`` with ``tensors``; the receiver rebuilds them from their specs."""
         payload = [t.detach().contiguous() for t in tensors]
-        header = np.array([kind, blob.size, len(payload), 0], dtype=np.int64)
+        specs = [(tuple(t.shape), t.dtype, t.requires_grad) for t in payload]
+        blob = pickle.dumps((meta, specs), protocol=pickle.HIGHEST_PROTOCOL)
+        sizes = [t.numel() * t.element_size() for t in payload]
+        meta_inline, offsets = _layout(len(blob), sizes)
+        frame = np.empty(FRAME_BYTES, dtype=np.uint8)
+        frame[:_HEADER].view(np.int64)[:] = (kind, len(blob), len(payload), 0)
+        rest: list[tuple[int, np.ndarray]] = []
+        if meta_inline:
+            frame[_HEADER:_HEADER + len(blob)] = np.frombuffer(blob, np.uint8)
+        else:
+            rest.append((TAG_META, np.frombuffer(blob, np.uint8).copy()))
+        for tensor, size, offset in zip(payload, sizes, offsets):
+            if offset is not None:
+                frame[offset:offset + size] = _bytes_of(tensor)
+            elif size:
+                rest.append((TAG_DATA, _bytes_of(tensor)))
         with self._send_lock:  # a message's parts leave in order, unmixed with another's
-            handles = [core.isend(header, dst, TAG_HEADER, self.group)]
-            handles.append(core.isend(blob, dst, TAG_META, self.group))
-            handles += [core.isend(_bytes_of(t), dst, TAG_DATA, self.group)
-                        for t in payload if t.numel()]
+            handles = [core.isend(frame, dst, TAG_FRAME, self.group)]
+            handles += [core.isend(data, dst, tag, self.group) for tag, data in rest]
         for handle in handles:
             handle.wait()
 
     def receive(self) -> Message:
         """The next message from any rank (blocks; one receiving thread only)."""
-        header = np.zeros(4, dtype=np.int64)
-        source = core.recv(header, None, TAG_HEADER, self.group)
-        kind, size, count = (int(v) for v in header[:3])
-        blob = np.empty(size, dtype=np.uint8)
-        core.recv(blob, source, TAG_META, self.group)
-        meta, specs = pickle.loads(blob.tobytes())
+        frame = np.empty(FRAME_BYTES, dtype=np.uint8)
+        source = core.recv(frame, None, TAG_FRAME, self.group)
+        kind, size, count = (int(v) for v in frame[:_HEADER].view(np.int64)[:3])
+        if _HEADER + size <= FRAME_BYTES:
+            blob = frame[_HEADER:_HEADER + size].tobytes()
+        else:
+            received = np.empty(size, dtype=np.uint8)
+            core.recv(received, source, TAG_META, self.group)
+            blob = received.tobytes()
+        meta, specs = pickle.loads(blob)
         assert len(specs) == count, "a message's tensor count and its specs disagree"
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in specs]
-        for tensor in tensors:
-            if tensor.numel():
+        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype, _ in specs]
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        _, offsets = _layout(size, sizes)
+        for tensor, n, offset in zip(tensors, sizes, offsets):
+            if offset is not None:
+                _bytes_of(tensor)[:] = frame[offset:offset + n]
+            elif n:
                 core.recv(_bytes_of(tensor), source, TAG_DATA, self.group)
         return Message(kind, source, meta, tensors)
-
-    def send_tensors(self, dst: int, kind: int, meta: Any, tensors: list[torch.Tensor]) -> None:
-        """Sends ``meta`` with ``tensors``; the receiver rebuilds them from their specs."""
-        self.send(dst, kind, (meta, [TensorSpec.of(t) for t in tensors]), tensors)
 
 
 class Mailbox:

@@ -226,15 +226,26 @@ def archive(target: Path, sources: list[Path]) -> Path:
     return target
 
 
+# Each host's output is relayed by its own thread; print() writes a line and its newline
+# separately, so two hosts printing at once could join their lines and leave an empty one.
+_PRINT_LOCK = threading.Lock()
+
+
+def _print_line(line: str) -> None:
+    with _PRINT_LOCK:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def say(message: str) -> None:
-    print(f"[local] {message}", flush=True)
+    _print_line(f"[local] {message}")
 
 
 def host_line(host: str, line: str) -> None:
     """One line of a simulated host's output, tagged with the host unless it already is."""
     from shoal.launcher.simulate import tag_line
 
-    print(tag_line(host, line), flush=True)
+    _print_line(tag_line(host, line))
 
 
 def main(argv=None) -> int:

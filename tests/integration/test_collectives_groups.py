@@ -13,12 +13,12 @@ import math
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from counts import fd_count, settle, steady, task_count  # noqa: E402
 from test_collectives import (  # noqa: E402
     DTYPES,
     MPI_MARKS,
@@ -184,25 +184,13 @@ def shoal_segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith("shoal-")}
 
 
-def steady(count, quiet=0.5, seconds=10.0):
-    """``count()`` once it has not changed for ``quiet`` seconds."""
-    deadline = time.monotonic() + seconds
-    value, since = count(), time.monotonic()
-    while time.monotonic() - since < quiet and time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = count()
-        if now != value:
-            value, since = now, time.monotonic()
-    return value
-
-
 def check_churn(core, rank, size) -> None:
     """200 groups created and destroyed: no segment, descriptor or thread is left."""
     core.barrier()
     # The baseline once it holds still: a transfer thread of an earlier check lingers a
     # moment after its last transfer (its thread and descriptors then go).
-    fds = steady(lambda: len(os.listdir("/proc/self/fd")))
-    native_threads = steady(lambda: len(os.listdir("/proc/self/task")))
+    fds = steady(fd_count)
+    native_threads = steady(task_count)
     threads = threading.active_count()
     for i in range(200):
         members = [(i + k) % size for k in range(1 + i % size)]
@@ -213,16 +201,8 @@ def check_churn(core, rank, size) -> None:
             assert (value == len(members)).all()
             group.destroy()
     core.barrier()
-    deadline = time.monotonic() + 5
-    while len(os.listdir("/proc/self/fd")) != fds and time.monotonic() < deadline:
-        time.sleep(0.01)
-    now_fds = len(os.listdir("/proc/self/fd"))
-    # A joined thread's task entry goes a moment after join() returns (the kernel wakes
-    # the joiner before it reaps the task).
-    deadline = time.monotonic() + 5
-    while len(os.listdir("/proc/self/task")) != native_threads and time.monotonic() < deadline:
-        time.sleep(0.01)
-    now = len(os.listdir("/proc/self/task"))
+    now_fds = settle(fd_count, fds)
+    now = settle(task_count, native_threads)
     # Until every rank has counted: a rank that exits closes its links, and their other
     # ends go with them.
     core.barrier()

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from counts import fd_count, settle, steady, task_count  # noqa: E402
 from test_torch_backend import (  # noqa: E402
     DTYPES,
     OPS,
@@ -565,17 +566,6 @@ def shoal_segments(pids):
                   if name.startswith("shoal-") and any(m in name for m in marks))
 
 
-def settle(count, want, seconds=5.0):
-    """``count()`` once it equals ``want`` or after ``seconds``: a joined thread's task and
-    a closed socket's descriptor go a moment after the call that ends them returns."""
-    deadline = time.monotonic() + seconds
-    value = count()
-    while value != want and time.monotonic() < deadline:
-        time.sleep(0.01)
-        value = count()
-    return value
-
-
 def open_fds():
     """Descriptor -> what it refers to (a socket with its endpoints), for a failure message
     that says what changed."""
@@ -616,20 +606,6 @@ def fd_changes(before, after):
     return f"gone {gone}, new {new}"
 
 
-def steady(count, quiet=0.5, seconds=10.0):
-    """``count()`` once it has not changed for ``quiet`` seconds: the baseline must not hold
-    what a just-destroyed group is still releasing (a lingering progress thread's
-    descriptors), or the count after the churn comes out lower than it."""
-    deadline = time.monotonic() + seconds
-    value, since = count(), time.monotonic()
-    while time.monotonic() - since < quiet and time.monotonic() < deadline:
-        time.sleep(0.02)
-        now = count()
-        if now != value:
-            value, since = now, time.monotonic()
-    return value
-
-
 def section_churn(dist, rank, world):
     """REPETITIONS process groups over varying subsets, each used (allreduce, barrier) and
     destroyed right after its barrier; then no shared-memory segment made by this job's
@@ -643,9 +619,9 @@ def section_churn(dist, rank, world):
     dist.all_reduce(torch.ones(1), group=warm)
     dist.destroy_process_group(warm)
     dist.barrier()
-    fds = steady(lambda: len(os.listdir("/proc/self/fd")))
+    fds = steady(fd_count)
     fd_before = open_fds()
-    tasks = steady(lambda: len(os.listdir("/proc/self/task")))
+    tasks = steady(task_count)
     threads = threading.active_count()
     for i in range(REPETITIONS):
         ranks = [(i + k) % world for k in range(1 + i % world)]
@@ -658,8 +634,8 @@ def section_churn(dist, rank, world):
             dist.destroy_process_group(group)
     dist.barrier()
     leftover = shoal_segments(pids)
-    now_fds = settle(lambda: len(os.listdir("/proc/self/fd")), fds)
-    now_tasks = settle(lambda: len(os.listdir("/proc/self/task")), tasks)
+    now_fds = settle(fd_count, fds)
+    now_tasks = settle(task_count, tasks)
     fd_after = open_fds()
     # Until every rank has counted: a rank that exits closes its store connection, and
     # the store's server side on rank 0 closes with it (two descriptors fewer on rank 0).

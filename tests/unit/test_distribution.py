@@ -8,7 +8,6 @@ import functools
 import json
 import logging
 import os
-import re
 
 import boto3
 import moto
@@ -20,6 +19,8 @@ from shoal.distribution import (
     parse_distribution,
 )
 from shoal.errors import DistributionError, ValidationError
+
+from tests.unit.messages import assert_message
 
 os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
 sagemaker = pytest.importorskip("sagemaker")  # the reference SDK v2 (test extra)
@@ -341,11 +342,7 @@ def rejects(distribution, message, **kwargs):
     with pytest.raises(DistributionError) as info:
         parse_distribution(distribution, **kwargs)
     text = str(info.value)
-    if message.startswith("^"):
-        assert re.search(message, text), text
-    else:
-        assert text == message
-    return text
+    return assert_message(text, message)
 
 
 def test_error_is_a_validation_error():

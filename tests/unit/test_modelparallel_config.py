@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 
 import attrs
 import pytest
@@ -19,6 +18,8 @@ from shoal.modelparallel.config import (
 from shoal.modelparallel.errors import SMPConfigError, SMPUnsupportedError
 from shoal.modelparallel.parameters import v1_defaults, v1_parameters
 
+from tests.unit.messages import assert_message
+
 
 def env(**values):
     return {ENV_VAR: json.dumps(values)}
@@ -29,11 +30,7 @@ def rejects(config, message, environ=None, error=SMPConfigError):
         resolve(config, environ or {})
     assert type(info.value) is error
     text = str(info.value)
-    if message.startswith("^"):
-        assert re.search(message, text), text
-    else:
-        assert text == message
-    return text
+    return assert_message(text, message)
 
 
 # ---------------------------------------------------------------- defaults and fields

@@ -10,6 +10,8 @@ import pytest
 from shoal.errors import DistributionError
 from shoal.smp import ModelParallelParameters, parameter_table, parse_parameters
 
+from tests.unit.messages import assert_message
+
 W = "distribution['smdistributed']['modelparallel']['parameters']"
 
 
@@ -21,11 +23,7 @@ def rejects(params, message, framework="pytorch", torchrun=False):
     with pytest.raises(DistributionError) as info:
         parse(params, framework, torchrun)
     text = str(info.value)
-    if message.startswith("^"):
-        assert re.search(message, text), text
-    else:
-        assert text == message
-    return text
+    return assert_message(text, message)
 
 
 # ---------------------------------------------------------------- types

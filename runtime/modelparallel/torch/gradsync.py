@@ -44,8 +44,8 @@ class GradientSync:
         # What the last synchronized step did, for tests and the timeline.
         self.started_early = 0
         self.redone = False
-        self._handles = [p.register_post_accumulate_grad_hook(
-            functools.partial(self._accumulated, i)) for i, p in enumerate(self.params)]
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(functools.partial(self._accumulated, i))
 
     def _reset(self) -> None:
         self._counts = [0] * len(self.params)
@@ -70,8 +70,7 @@ class GradientSync:
         return all(0 < expected[i] <= self._counts[i] for i in self.buckets[k])
 
     def _start(self, k: int) -> None:
-        grads = [self._grad(i) for i in self.buckets[k]]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = self._flat(k)
         handle = core.allreduce_async(flat.numpy(), op="average", group=self.group)
         core.flush(self.group)  # a bucket is already the unit to reduce: no waiting to fuse
         if self.timeline is not None:
@@ -79,6 +78,10 @@ class GradientSync:
                                   bytes=flat.numel() * flat.element_size())
         self._flats[k] = (flat, handle)
         self._next = k + 1
+
+    def _flat(self, k: int) -> torch.Tensor:
+        """A copy of bucket ``k``'s gradients, end to end."""
+        return torch.cat([self._grad(i).reshape(-1) for i in self.buckets[k]])
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -111,7 +114,7 @@ class GradientSync:
         if redo:
             flats = {}
             for k in range(len(self.buckets)):
-                flat = torch.cat([self._grad(i).reshape(-1) for i in self.buckets[k]])
+                flat = self._flat(k)
                 core.allreduce(flat.numpy(), op="average", group=self.group)
                 flats[k] = (flat, None)
         for k, (flat, _) in flats.items():
@@ -124,10 +127,6 @@ class GradientSync:
         if self.timeline is not None:
             self.timeline.span("allreduce wait", "allreduce", began, self.timeline.now(),
                                started_early=self.started_early, redone=redo)
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 def _bucket_indices(params: list[torch.nn.Parameter], limit: int) -> list[list[int]]:

@@ -39,8 +39,7 @@ class _Call:
 
     def run_forward(self) -> list[torch.Tensor]:
         request = remote.CallRequest(
-            self.call_id, self.task.microbatch, self.module, self.blob,
-            tuple(remote.TensorSpec.of(t) for t in self.tensors), self.grad_enabled)
+            self.call_id, self.task.microbatch, self.module, self.blob, self.grad_enabled)
         reply, tensors = self.engine._request(self, self.task, self.owner, CALL, request,
                                               self.tensors)
         if reply.error:
@@ -225,7 +224,7 @@ class Engine:
     def _serve_call(self, message: Message) -> None:
         request: remote.CallRequest = message.meta
         try:
-            inputs = remote.mark_inputs(message.tensors, request.specs)
+            inputs = remote.mark_inputs(message.tensors, message.requires_grad)
             args, kwargs = remote.unpack(request.blob, inputs)
             with torch.set_grad_enabled(request.grad_enabled):
                 result = self._local_forward(request.module)(*args, **kwargs)
@@ -233,10 +232,9 @@ class Engine:
             if request.grad_enabled and any(o.requires_grad for o in outputs):
                 self._kept[(message.source, request.call_id)] = remote.KeptCall(inputs, outputs)
                 self.peak_kept = max(self.peak_kept, len(self._kept))
-            reply = remote.CallReply(request.call_id, blob,
-                                     tuple(remote.TensorSpec.of(o) for o in outputs))
+            reply = remote.CallReply(request.call_id, blob)
         except Exception:  # noqa: BLE001 - the caller raises it with the trace
-            reply, outputs = remote.CallReply(request.call_id, b"", (), traceback.format_exc()), []
+            reply, outputs = remote.CallReply(request.call_id, b"", traceback.format_exc()), []
         self.transport.send_tensors(message.source, CALL_REPLY, reply, outputs)
 
     def _serve_grad(self, message: Message) -> None:

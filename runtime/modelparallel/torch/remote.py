@@ -17,8 +17,6 @@ from typing import Any
 import attrs
 import torch
 
-from shoal.modelparallel.torch.transport import TensorSpec
-
 
 class _TensorPickler(pickle.Pickler):
     """Pickles a structure with its tensors taken out (sent as bytes, beside it)."""
@@ -63,7 +61,6 @@ class CallRequest:
     microbatch: int
     module: str
     blob: bytes
-    specs: tuple[TensorSpec, ...]
     grad_enabled: bool
 
 
@@ -71,7 +68,6 @@ class CallRequest:
 class CallReply:
     call_id: int
     blob: bytes
-    specs: tuple[TensorSpec, ...]
     error: str | None = None
 
 
@@ -101,10 +97,10 @@ def differentiable(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() or tensor.is_complex()
 
 
-def mark_inputs(tensors: list[torch.Tensor], specs) -> list[torch.Tensor]:
+def mark_inputs(tensors: list[torch.Tensor], requires_grad) -> list[torch.Tensor]:
     """Received inputs that required grad on the caller become leaves that require it here."""
-    for tensor, spec in zip(tensors, specs):
-        if spec.requires_grad and differentiable(tensor):
+    for tensor, flag in zip(tensors, requires_grad):
+        if flag and differentiable(tensor):
             tensor.requires_grad_(True)
     return tensors
 

@@ -30,24 +30,12 @@ _HEADER = np.dtype(np.int64).itemsize * 4  # kind, metadata length, tensor count
 
 
 @attrs.frozen
-class TensorSpec:
-    """What the receiver needs to allocate a tensor before its bytes arrive."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    requires_grad: bool = False
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor) -> TensorSpec:
-        return cls(tuple(tensor.shape), tensor.dtype, tensor.requires_grad)
-
-
-@attrs.frozen
 class Message:
     kind: int
     source: int  # rank in the pipeline group
     meta: Any
     tensors: list[torch.Tensor]
+    requires_grad: tuple[bool, ...] = ()  # each tensor's flag on the sender
 
 
 def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
@@ -81,8 +69,9 @@ class Transport:
 
     def send_tensors(self, dst: int, kind: int, meta: Any, tensors: list[torch.Tensor]) -> None:
         """Sends ``meta`` with ``tensors``; the receiver rebuilds them from their specs."""
+        # requires_grad from the caller's tensors: the payload is detached.
+        specs = [(tuple(t.shape), t.dtype, t.requires_grad) for t in tensors]
         payload = [t.detach().contiguous() for t in tensors]
-        specs = [(tuple(t.shape), t.dtype, t.requires_grad) for t in payload]
         blob = pickle.dumps((meta, specs), protocol=pickle.HIGHEST_PROTOCOL)
         sizes = [t.numel() * t.element_size() for t in payload]
         meta_inline, offsets = _layout(len(blob), sizes)
@@ -125,7 +114,7 @@ class Transport:
                 _bytes_of(tensor)[:] = frame[offset:offset + n]
             elif n:
                 core.recv(_bytes_of(tensor), source, TAG_DATA, self.group)
-        return Message(kind, source, meta, tensors)
+        return Message(kind, source, meta, tensors, tuple(flag for _, _, flag in specs))
 
 
 class Mailbox:

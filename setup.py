@@ -11,6 +11,7 @@ ROOTS = {
     "shoal.launcher": "runtime/launcher",
     "shoal.dataparallel": "runtime/dataparallel",
     "shoal.modelparallel": "runtime/modelparallel",
+    "shoal.profiler": "runtime/profiler",
     "shoal.containers": "containers",
     "smdistributed": "runtime/smdistributed",
 }

@@ -7,6 +7,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   |   +-- DistributionError       the ``distribution`` dict
     |   |   +-- InputError              channels, TrainingInput, FileSystemInput
     |   |   +-- SecretValueError        a secret-looking hyperparameter/env value
+    |   |   +-- DebuggerError           rules, profiler and Debugger hook configuration
     |   +-- StagingError                source_dir, entry point, symlinks, archive
     |   +-- ImageError                  no image for that framework/version/processor
     +-- AWSError                        the AWS side refused (exit 3)
@@ -57,6 +58,10 @@ class InputError(ValidationError):
 
 class SecretValueError(ValidationError):
     """A hyperparameter or environment value looks like a secret."""
+
+
+class DebuggerError(ValidationError):
+    """A Debugger rule, profiler or hook configuration is malformed."""
 
 
 class StagingError(ConfigError):

@@ -21,6 +21,7 @@ import attrs
 from shoal import advisor, image_uris, limits, naming, secrets
 from shoal import request as request_
 from shoal.backends import backend_for
+from shoal.debugger.rules import DETAILED_PROFILER_RULE
 from shoal.errors import ValidationError
 from shoal.request import InstanceGroup, Resolved, TrainingConfig
 from shoal.session import Session
@@ -102,7 +103,8 @@ class EstimatorBase:
                  disable_profiler=False, environment=None, max_retry_attempts=None,
                  source_dir=None, hyperparameters=None, container_log_level=logging.INFO,
                  code_location=None, entry_point=None, dependencies=None, instance_groups=None,
-                 disable_output_compression=False, allow_secrets=False, advice=None, **kwargs):
+                 disable_output_compression=False, rules=None, profiler_config=None,
+                 tensorboard_output_config=None, allow_secrets=False, advice=None, **kwargs):
         params = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         apply_renamed(params, dict(kwargs))
         # "warn" (the default, or $SHOAL_ADVICE), "strict" or "off": see shoal.advisor
@@ -237,8 +239,16 @@ class EstimatorBase:
             hyperparameters=self.hyperparameters(),
             enable_sagemaker_metrics=self._metrics_default(),
             debug_hook=self._debug_hook_allowed(),
+            detailed_profiler_rule=self._detailed_profiler_rule_name(),
             code_uri=self._code.archive_uri if isolated_code else None)
         return job_name
+
+    def _detailed_profiler_rule_name(self) -> str | None:
+        """SageMaker Profiler's processing rule gets a fresh timestamped name per job."""
+        config = self.config.profiler_config
+        if config is None or getattr(config, "profile_params", None) is None:
+            return None
+        return naming.name_from_base(DETAILED_PROFILER_RULE)
 
     # ---- the request and the job ----
 

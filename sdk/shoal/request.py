@@ -14,15 +14,9 @@ import attrs
 
 from shoal import inputs as inputs_
 from shoal import limits, secrets
+from shoal.debugger import request as debugger
 from shoal.errors import InputError, ValidationError
 from shoal.limits import between, boolean, fail, items, kms_key, one_of, s3_uri, text
-
-# Regions where SageMaker Debugger (hook and profiler) is not offered.
-DEBUGGER_UNSUPPORTED_REGIONS = frozenset({
-    "us-iso-east-1", "us-isob-east-1", "ap-southeast-3", "ap-southeast-4", "eu-south-2",
-    "me-central-1", "ap-south-2", "eu-central-2", "us-gov-east-1",
-})
-
 
 # ---- converters and validators of the structured arguments ----
 
@@ -63,9 +57,18 @@ def _environment(_, attribute, env):
 
 
 def _hook_config(_, attribute, value):
-    ok = value is None or isinstance(value, (bool, Mapping)) or hasattr(value, "_to_request_dict")
-    if not ok:
-        fail("debugger_hook_config", "must be a bool or a DebugHookConfig dict", value)
+    from shoal.debugger import DebuggerHookConfig
+
+    if not (value is None or isinstance(value, (bool, Mapping, DebuggerHookConfig))):
+        fail("debugger_hook_config", "must be a bool, a DebuggerHookConfig or the request's "
+             "DebugHookConfig dict", value)
+
+
+def _tensorboard_config(_, attribute, value):
+    from shoal.debugger import TensorBoardOutputConfig
+
+    if value is not None and not isinstance(value, TensorBoardOutputConfig):
+        fail("tensorboard_output_config", "must be a TensorBoardOutputConfig", value)
 
 
 def _optional_tuple(value):
@@ -156,6 +159,12 @@ class TrainingConfig:
         0, limits.KEEP_ALIVE_MAX))
     disable_profiler: bool = attrs.field(default=False, validator=boolean)
     debugger_hook_config: object = attrs.field(default=None, validator=_hook_config)
+    rules: tuple | None = attrs.field(
+        default=None, validator=lambda _, a, v: debugger.check_rules(v),
+        converter=lambda v: tuple(v) if isinstance(v, list) else v)
+    profiler_config: object = attrs.field(
+        default=None, validator=lambda _, a, v: debugger.check_profiler_config(v))
+    tensorboard_output_config: object = attrs.field(default=None, validator=_tensorboard_config)
     enable_sagemaker_metrics: bool | None = attrs.field(default=None, validator=boolean)
     disable_output_compression: bool = attrs.field(default=False, validator=boolean)
     source_dir: str | None = attrs.field(default=None, validator=text())
@@ -256,6 +265,8 @@ class Resolved:
     hyperparameters: dict = attrs.field(factory=dict, validator=_hyperparameters)
     enable_sagemaker_metrics: bool | None = None
     debug_hook: bool = True  # False when the framework turns SageMaker Debugger off
+    # SageMaker Profiler's processing rule, when profile_params adds it (a timestamped name)
+    detailed_profiler_rule: str | None = None
     code_uri: str | None = None  # the archive as a "code" channel (network isolation)
 
 
@@ -300,30 +311,22 @@ def _stopping_condition(c: TrainingConfig) -> dict:
     return condition
 
 
-def debug_hook_config(c: TrainingConfig, r: Resolved) -> dict | None:
-    """v2's DebugHookConfig: on by default where offered, writing to the output path."""
-    hook = {} if c.debugger_hook_config is True else c.debugger_hook_config
-    if r.region in DEBUGGER_UNSUPPORTED_REGIONS:
-        if hook:
-            fail("debugger_hook_config", f"cannot be set: SageMaker Debugger is not offered "
-                 f"in {r.region}", hook)
-        return None
-    if hook is False or not r.debug_hook:
-        return None
-    if hasattr(hook, "_to_request_dict"):
-        hook = hook._to_request_dict()
-    config = dict(hook) if isinstance(hook, Mapping) else {}
-    config.setdefault("S3OutputPath", r.output_path)
-    config.setdefault("CollectionConfigurations", [])
-    return config
-
-
-def profiler_config(c: TrainingConfig, r: Resolved) -> dict:
-    """v2's ProfilerConfig: on where offered unless disable_profiler (or a Trainium type)."""
-    trainium = (c.instance_type or "").startswith(("ml.trn", "ml_trn"))
-    if c.disable_profiler or trainium or r.region in DEBUGGER_UNSUPPORTED_REGIONS:
-        return {"DisableProfiler": True}
-    return {"S3OutputPath": r.output_path, "DisableProfiler": False}
+def debugger_keys(c: TrainingConfig, r: Resolved) -> dict:
+    """The request's Debugger keys (hook, rules, profiler, TensorBoard), v2's way."""
+    disabled = debugger.profiler_disabled(c.disable_profiler, c.instance_type, r.region)
+    profiler, profiler_rules = debugger.profiler_request(
+        rules=c.rules, profiler_config=c.profiler_config, disabled=disabled,
+        output_path=r.output_path, region=r.region, detailed_rule_name=r.detailed_profiler_rule)
+    hook, debug_rules = debugger.debug_request(
+        rules=c.rules, hook=c.debugger_hook_config, allowed=r.debug_hook,
+        output_path=r.output_path, region=r.region, job_name=r.job_name)
+    return {
+        "DebugHookConfig": hook,
+        "DebugRuleConfigurations": debug_rules,
+        "TensorBoardOutputConfig": debugger.tensorboard_request(c.tensorboard_output_config),
+        "ProfilerRuleConfigurations": profiler_rules,
+        "ProfilerConfig": profiler,
+    }
 
 
 def _checkpoint_config(c: TrainingConfig) -> dict | None:
@@ -403,8 +406,7 @@ def build_request(c: TrainingConfig, r: Resolved, inputs=None) -> dict:
         "EnableInterContainerTrafficEncryption": c.encrypt_inter_container_traffic or None,
         "EnableManagedSpotTraining": c.use_spot_instances or None,
         "CheckpointConfig": _checkpoint_config(c),
-        "DebugHookConfig": debug_hook_config(c, r),
-        "ProfilerConfig": profiler_config(c, r),
+        **debugger_keys(c, r),
         "RetryStrategy": None if c.max_retry_attempts is None
         else {"MaximumRetryAttempts": c.max_retry_attempts},
     }

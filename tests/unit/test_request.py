@@ -74,7 +74,7 @@ def botocore_valid(request):
     ({"keep_alive_period_in_seconds": 21601},
      "'keep_alive_period_in_seconds' must be <= 21600 (got 21601)"),
     ({"code_location": "code/"}, "'code_location' must match regex"),
-    ({"debugger_hook_config": "on"}, "'debugger_hook_config' must be a bool or a DebugHookConfig"),
+    ({"debugger_hook_config": "on"}, "'debugger_hook_config' must be a bool, a DebuggerHookConfig"),
     ({"base_job_name": "b" * 64}, "'base_job_name' must be at most 63 characters"),
 ])
 def test_argument_limits(changes, message):

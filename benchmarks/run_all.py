@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/run_all.py [--rounds N] [--sizes 4K,1M,64M]
 
-allreduce.py under mpirun in two configurations, 2 ranks on one host and 2
-simulated hosts x 2 ranks (Shoal groups ranks by SHOAL_HOST, so its inter-host
-path runs over TCP); --rounds and --sizes apply to it. ddp_step.py under
+allreduce.py, p2p.py and reduce_scatter.py under mpirun in two configurations,
+2 ranks on one host and 2 simulated hosts x 2 ranks (Shoal groups ranks by
+SHOAL_HOST, so its inter-host path runs over TCP); --rounds applies to the three,
+--sizes to allreduce.py. framework_step.py (FSDP, 1F1B) and ddp_step.py under
 mpirun with 2 ranks; exchange_floor.py compiles and runs its C++ program;
 local_startup.py starts its own local job.
 """
@@ -31,6 +32,14 @@ def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
         ("allreduce, 1 host x 2 ranks", [*MPIRUN, "-np", "2", *script]),
         ("allreduce, 2 simulated hosts x 2 ranks", [*MPIRUN, "-np", "4", "bash", "-c", two_hosts]),
     ]
+    # The collectives and transfers that groups and model parallelism use, same two shapes.
+    for name, title in (("p2p.py", "point-to-point"), ("reduce_scatter.py", "reduce-scatter, allgather")):
+        other = [sys.executable, str(HERE / name), "--rounds", extra[1]]
+        hosts = "SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/2)) exec " + shlex.join(other)
+        runs.append((f"{title}, 1 host x 2 ranks", [*MPIRUN, "-np", "2", *other]))
+        runs.append((f"{title}, 2 simulated hosts x 2 ranks", [*MPIRUN, "-np", "4", "bash", "-c", hosts]))
+    runs.append(("FSDP and 1F1B steps, 2 ranks",
+                 [*MPIRUN, "-np", "2", sys.executable, str(HERE / "framework_step.py")]))
     if (HERE / "ddp_step.py").exists():
         runs.append(("DDP step, 2 ranks", [*MPIRUN, "-np", "2", sys.executable, str(HERE / "ddp_step.py")]))
     runs.append(("two-core exchange floor", [sys.executable, str(HERE / "exchange_floor.py")]))

@@ -180,6 +180,15 @@ def summary(description: dict) -> dict:
     model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
     if model:
         result["ModelArtifacts"] = model
+    if description.get("ProfilingStatus"):
+        result["ProfilingStatus"] = description["ProfilingStatus"]
+    # Debugger's rules, as the SDK prints them while following a job: "<rule>: <status>"
+    for key in ("DebugRuleEvaluationStatuses", "ProfilerRuleEvaluationStatuses"):
+        for rule in description.get(key) or ():
+            details = rule.get("StatusDetails")
+            status = rule.get("RuleEvaluationStatus", "")
+            result[f"Rule {rule.get('RuleConfigurationName')}"] = (
+                f"{status} ({details})" if details else status)
     return result
 
 

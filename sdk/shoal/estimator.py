@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import uuid
 import warnings
 
 import attrs
@@ -21,7 +22,7 @@ import attrs
 from shoal import advisor, image_uris, limits, naming, secrets
 from shoal import request as request_
 from shoal.backends import backend_for
-from shoal.debugger.rules import DETAILED_PROFILER_RULE
+from shoal.debugger.rules import DETAILED_PROFILER_RULE, local_source
 from shoal.errors import ValidationError
 from shoal.request import InstanceGroup, Resolved, TrainingConfig
 from shoal.session import Session
@@ -240,8 +241,34 @@ class EstimatorBase:
             enable_sagemaker_metrics=self._metrics_default(),
             debug_hook=self._debug_hook_allowed(),
             detailed_profiler_rule=self._detailed_profiler_rule_name(),
+            rule_sources=self._rule_sources(),
             code_uri=self._code.archive_uri if isolated_code else None)
         return job_name
+
+    def _rule_sources(self) -> dict[str, str]:
+        """Custom rules' local sources, each given its S3 place (uploaded by fit())."""
+        from shoal.debugger.request import rule_source_uris
+
+        if self.local_mode or not any(local_source(r) for r in self.config.rules or ()):
+            return {}
+        session = self.sagemaker_session
+        bucket = naming.s3_join(f"s3://{session.default_bucket()}",
+                                getattr(session, "default_bucket_prefix", None))
+        return rule_source_uris(self.config.rules, bucket, lambda: str(uuid.uuid4()))
+
+    def _stage_rule_sources(self) -> None:
+        """Upload custom rules' local sources to the default bucket (with the owner check)."""
+        from shoal import staging, transfer
+
+        session = self.sagemaker_session
+        by_name = {r.name: r for r in self.config.rules or ()}
+        for name, uri in self._resolved.rule_sources.items():
+            bucket, key = naming.parse_s3_uri(uri)
+            owner = session.account_id()
+            transfer.ensure_bucket(session.s3_client, bucket, region=session.region,
+                                   expected_owner=owner)
+            transfer.upload_file(session.s3_client, local_source(by_name[name]), bucket, key,
+                                 extra_args=staging.upload_args(None, owner), progress=False)
 
     def _detailed_profiler_rule_name(self) -> str | None:
         """SageMaker Profiler's processing rule gets a fresh timestamped name per job."""
@@ -284,6 +311,7 @@ class EstimatorBase:
         request = self.build_request(inputs, job_name)
         advisor.review(self, inputs)  # logs the tips once; raises only in strict mode
         self._stage_code(job_name)
+        self._stage_rule_sources()
         self.latest_training_job = self._backend().submit(request)
         if wait:
             self.latest_training_job.wait(logs=logs)

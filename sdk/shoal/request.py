@@ -267,6 +267,8 @@ class Resolved:
     debug_hook: bool = True  # False when the framework turns SageMaker Debugger off
     # SageMaker Profiler's processing rule, when profile_params adds it (a timestamped name)
     detailed_profiler_rule: str | None = None
+    # custom rules' local sources: rule name -> the S3 URI they are uploaded to
+    rule_sources: dict = attrs.field(factory=dict)
     code_uri: str | None = None  # the archive as a "code" channel (network isolation)
 
 
@@ -316,10 +318,11 @@ def debugger_keys(c: TrainingConfig, r: Resolved) -> dict:
     disabled = debugger.profiler_disabled(c.disable_profiler, c.instance_type, r.region)
     profiler, profiler_rules = debugger.profiler_request(
         rules=c.rules, profiler_config=c.profiler_config, disabled=disabled,
-        output_path=r.output_path, region=r.region, detailed_rule_name=r.detailed_profiler_rule)
+        output_path=r.output_path, region=r.region, detailed_rule_name=r.detailed_profiler_rule,
+        sources=r.rule_sources)
     hook, debug_rules = debugger.debug_request(
         rules=c.rules, hook=c.debugger_hook_config, allowed=r.debug_hook,
-        output_path=r.output_path, region=r.region, job_name=r.job_name)
+        output_path=r.output_path, region=r.region, job_name=r.job_name, sources=r.rule_sources)
     return {
         "DebugHookConfig": hook,
         "DebugRuleConfigurations": debug_rules,

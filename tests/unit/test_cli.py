@@ -54,6 +54,24 @@ def test_status_of_a_completed_job(root, capsys):
     assert json.loads(out)["SecondaryStatus"] == "Completed"
 
 
+def test_status_shows_debugger_rule_statuses(root, capsys):
+    finished_job(root, "ruled-job", "Completed", ProfilingStatus="Enabled",
+                 ProfilerRuleEvaluationStatuses=[
+                     {"RuleConfigurationName": "StepOutlier", "RuleEvaluationStatus": "IssuesFound",
+                      "StatusDetails": "12 outliers"},
+                     {"RuleConfigurationName": "CPUBottleneck",
+                      "RuleEvaluationStatus": "NoIssuesFound"}],
+                 DebugRuleEvaluationStatuses=[{"RuleConfigurationName": "LossNotDecreasing",
+                                               "RuleEvaluationStatus": "InProgress"}])
+    code, out, _ = run(capsys, "status", "local://ruled-job")
+    assert code == 0
+    lines = out.splitlines()
+    assert "ProfilingStatus: Enabled" in lines
+    assert "Rule StepOutlier: IssuesFound (12 outliers)" in lines
+    assert "Rule CPUBottleneck: NoIssuesFound" in lines
+    assert "Rule LossNotDecreasing: InProgress" in lines
+
+
 def test_status_of_a_failed_job_exits_1_with_its_reason(root, capsys):
     finished_job(root, "bad-job", "Failed", FailureReason="AlgorithmError: ZeroDivisionError")
     code, out, _ = run(capsys, "status", "local://bad-job")

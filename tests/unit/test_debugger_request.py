@@ -286,3 +286,29 @@ def test_china_regions_use_their_own_domain():
     assert uri == "618459771430.dkr.ecr.cn-north-1.amazonaws.com.cn/sagemaker-debugger-rules:latest"
     with pytest.raises(DebuggerError, match="'region' must be one where"):
         shoal.debugger.get_rule_container_image_uri("CPUBottleneck", "xx-nowhere-1")
+
+
+def test_a_custom_rules_local_source_is_uploaded_where_the_request_says(tmp_path):
+    import boto3
+
+    d = shoal.debugger
+    (tmp_path / "my_rule.py").write_text("class MyRule: pass\n")
+    rule = d.ProfilerRule.custom("MyRule", "111122223333.dkr.ecr.us-west-2.amazonaws.com/r:1",
+                                 "ml.m5.xlarge", 30, source=str(tmp_path / "my_rule.py"),
+                                 rule_to_invoke="MyRule")
+    session = shoal.Session(boto_session=boto3.Session(region_name="us-west-2"))
+    est = shoal.PyTorch(sagemaker_session=session, rules=[rule], **PT_CPU)
+    est.fit("s3://data/train", wait=False, job_name="custom-rule-job")
+    request = est.build_request("s3://data/train", job_name="custom-rule-job")
+    uri = request["ProfilerRuleConfigurations"][0]["RuleParameters"]["source_s3_uri"]
+    match = re.fullmatch(r"s3://sagemaker-us-west-2-123456789012/MyRule/[0-9a-f-]{36}/my_rule.py", uri)
+    assert match, uri
+    bucket, key = uri[len("s3://"):].split("/", 1)
+    body = session.s3_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert body == b"class MyRule: pass\n"
+    assert rule.rule_parameters["source_s3_uri"] == str(tmp_path / "my_rule.py")  # untouched
+
+
+def test_a_custom_rule_needs_source_and_rule_to_invoke_together():
+    with pytest.raises(DebuggerError, match="takes 'source' and 'rule_to_invoke' together"):
+        shoal.debugger.Rule.custom("R", "img", "ml.m5.xlarge", 30, source="s3://x/y.py")

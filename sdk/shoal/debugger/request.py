@@ -92,8 +92,8 @@ def _split(rules) -> tuple[list[Rule], list[ProfilerRule]]:
 
 
 def profiler_request(*, rules, profiler_config: ProfilerConfig | None, disabled: bool,
-                     output_path: str, region: str,
-                     detailed_rule_name: str | None = None) -> tuple[dict, list[dict] | None]:
+                     output_path: str, region: str, detailed_rule_name: str | None = None,
+                     sources: dict[str, str] | None = None) -> tuple[dict, list[dict] | None]:
     """``ProfilerConfig`` and ``ProfilerRuleConfigurations`` (None when there is none).
 
     ``detailed_rule_name``: the name SageMaker Profiler's processing rule gets
@@ -112,7 +112,7 @@ def profiler_request(*, rules, profiler_config: ProfilerConfig | None, disabled:
         config = profiler_config or ProfilerConfig(s3_output_path=output_path)
         if (rules is None or not profiler_rules) and config.profile_params is not None:
             profiler_rules = [_detailed_rule(config, detailed_rule_name)]
-    entries = [profiler_rule_request(r, region) for r in profiler_rules]
+    entries = [profiler_rule_request(r, region, sources) for r in profiler_rules]
     return config._to_request_dict(default_output=output_path), entries or None
 
 
@@ -140,14 +140,14 @@ def _collections(debug_rules: list[Rule], hook) -> list[CollectionConfig]:
     return list(seen)
 
 
-def debug_request(*, rules, hook, allowed: bool, output_path: str, region: str,
-                  job_name: str) -> tuple[dict | None, list[dict] | None]:
+def debug_request(*, rules, hook, allowed: bool, output_path: str, region: str, job_name: str,
+                  sources: dict[str, str] | None = None) -> tuple[dict | None, list[dict] | None]:
     """``DebugHookConfig`` and ``DebugRuleConfigurations`` (None when absent).
 
     ``hook``: the ``debugger_hook_config`` argument (None, True/False, a DebuggerHookConfig
     or the request's dict); ``allowed``: False where the framework turns the hook off."""
     debug_rules, _ = _split(rules)
-    entries = [debug_rule_request(r, region, job_name) for r in debug_rules] or None
+    entries = [debug_rule_request(r, region, job_name, sources) for r in debug_rules] or None
     if hook is True or (isinstance(hook, Mapping) and not hook):
         hook = None
     if region in UNSUPPORTED_REGIONS:
@@ -165,6 +165,20 @@ def debug_request(*, rules, hook, allowed: bool, output_path: str, region: str,
         return config, entries
     hook = hook or DebuggerHookConfig(s3_output_path=output_path)
     return hook._to_request_dict(collections, default_output=output_path), entries
+
+
+def rule_source_uris(rules, bucket_uri: str, unique) -> dict[str, str]:
+    """Where each custom rule's local ``source`` goes: ``<bucket_uri>/<rule>/<unique()>/<file>``
+    (v2's place). ``bucket_uri``: the default bucket and its prefix."""
+    from shoal.debugger.rules import local_source
+
+    out = {}
+    for rule in rules or ():
+        path = local_source(rule)
+        if path:
+            name = path.replace("\\", "/").rsplit("/", 1)[-1]
+            out[rule.name] = f"{bucket_uri.rstrip('/')}/{rule.name}/{unique()}/{name}"
+    return out
 
 
 def tensorboard_request(config) -> dict[str, Any] | None:

@@ -174,18 +174,33 @@ class Rule(_RuleBase):
                    volume_size_in_gb, params, collections_to_save or [], actions)
 
 
-def profiler_rule_request(rule: ProfilerRule, region: str) -> dict[str, Any]:
-    """The rule's ``ProfilerRuleConfigurations`` entry: every parameter a string, as v2 sends."""
-    params = {k: str(v) for k, v in (rule.rule_parameters or {}).items()} or None
-    return rule._request(region, params)
+def local_source(rule) -> str | None:
+    """A custom rule's ``source`` when it is a local file (uploaded with the job's code)."""
+    source = (rule.rule_parameters or {}).get("source_s3_uri")
+    return source if isinstance(source, str) and not source.startswith("s3://") else None
 
 
-def debug_rule_request(rule: Rule, region: str, job_name: str) -> dict[str, Any]:
+def _parameters(rule, sources: dict[str, str]) -> dict[str, str]:
+    params = {k: str(v) for k, v in (rule.rule_parameters or {}).items() if k != "action_json"}
+    if local_source(rule) and rule.name in sources:
+        params["source_s3_uri"] = sources[rule.name]
+    return params
+
+
+def profiler_rule_request(rule: ProfilerRule, region: str,
+                          sources: dict[str, str] | None = None) -> dict[str, Any]:
+    """The rule's ``ProfilerRuleConfigurations`` entry: every parameter a string, as v2 sends;
+    ``sources``: where local rule sources are uploaded, by rule name."""
+    return rule._request(region, _parameters(rule, sources or {}) or None)
+
+
+def debug_rule_request(rule: Rule, region: str, job_name: str,
+                       sources: dict[str, str] | None = None) -> dict[str, Any]:
     """The rule's ``DebugRuleConfigurations`` entry (its actions as ``action_json``).
 
     Every parameter is sent as a string: the API's RuleParameters map holds strings only (v2
     sends ``num_steps=10`` as an int, which botocore refuses before the request leaves)."""
-    params = {k: str(v) for k, v in (rule.rule_parameters or {}).items() if k != "action_json"}
+    params = _parameters(rule, sources or {})
     if rule.actions is not None:
         params["action_json"] = rule.actions.with_job_prefix(job_name).serialize()
     return rule._request(region, params or None)

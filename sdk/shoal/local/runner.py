@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import InputError
-from . import layout, process, state, storage
+from . import layout, process, profiling, state, storage
 
 FAILURE_LIMIT = 1024
 TIMEOUT_EXIT = 124  # simulate.run_job's code when MaxRuntimeInSeconds ran out
@@ -35,6 +35,8 @@ class Supervisor:
         self.request = json.loads(self.paths.request_file.read_text())
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
+        self.profiler = (profiling.JobProfiler(self.request, self.paths.job_dir, self.hosts)
+                         if profiling.enabled(self.request) else None)
 
     # -- state -----------------------------------------------------------------------------
     def move(self, status: str, message: str | None = None, **fields) -> None:
@@ -92,8 +94,32 @@ class Supervisor:
         say(f"running {len(self.hosts)} host(s) with {sys.executable} "
             f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
             f"locally)")
+        if self.profiler is not None:
+            environment = self.profiler.environment(environment)
+            self.profiler.start(on_change=self.record_rules)
         return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
                                 env=environment, output=host_line)
+
+    def record_rules(self, statuses: list[dict]) -> None:
+        record = state.read(self.paths.state_file)
+        record["ProfilerRuleEvaluationStatuses"] = statuses
+        state.write(self.paths.state_file, record)
+
+    def finish_profiling(self) -> None:
+        """The rules' verdicts over all the data, then the data and reports to the output."""
+        if self.profiler is None:
+            return
+        statuses = self.profiler.finish()
+        if statuses:
+            self.record_rules(statuses)
+            for s in statuses:
+                say(f"{s['RuleConfigurationName']}: {s['RuleEvaluationStatus']}")
+        profiler_uri = storage.join(profiler_prefix(self.request), "profiler-output")
+        storage.upload_dir(self.profiler.data, profiler_uri)
+        if self.profiler.rule_output.exists():
+            storage.upload_dir(self.profiler.rule_output, storage.join(
+                self.request["OutputDataConfig"]["S3OutputPath"], self.request["TrainingJobName"],
+                "rule-output"))
 
     def upload(self) -> dict:
         s3_uri, local_path = layout.checkpoint_config(self.request)
@@ -134,6 +160,7 @@ class Supervisor:
                 self.move("MaxRuntimeExceeded")
                 return 1
             self.move("Uploading")
+            self.finish_profiling()
             artifacts = self.upload()
             if code == 0:
                 self.move("Completed", **artifacts)
@@ -199,6 +226,13 @@ def local_code(request: dict) -> str | None:
     if isinstance(value, str) and value.startswith("file://"):
         return str(storage.file_path(value))
     return None
+
+
+def profiler_prefix(request: dict) -> str:
+    """``<ProfilerConfig.S3OutputPath>/<job>`` (the output path's, when it names none)."""
+    config = request.get("ProfilerConfig") or {}
+    base = config.get("S3OutputPath") or request["OutputDataConfig"]["S3OutputPath"]
+    return storage.join(base, request["TrainingJobName"])
 
 
 def output_prefix(request: dict) -> str:

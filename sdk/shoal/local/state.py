@@ -55,9 +55,17 @@ def initial(request: dict, region: str = "local") -> dict:
     }
     for key in ("HyperParameters", "AlgorithmSpecification", "RoleArn", "InputDataConfig",
                 "OutputDataConfig", "ResourceConfig", "StoppingCondition", "CheckpointConfig",
-                "Environment"):
+                "Environment", "DebugHookConfig", "DebugRuleConfigurations",
+                "TensorBoardOutputConfig", "ProfilerConfig", "ProfilerRuleConfigurations"):
         if key in request:
             record[key] = request[key]
+    profiler = request.get("ProfilerConfig") or {}
+    record["ProfilingStatus"] = "Disabled" if not profiler or profiler.get("DisableProfiler") else "Enabled"
+    rules = request.get("ProfilerRuleConfigurations") or []
+    if rules and record["ProfilingStatus"] == "Enabled":
+        record["ProfilerRuleEvaluationStatuses"] = [
+            {"RuleConfigurationName": r["RuleConfigurationName"], "RuleEvaluationStatus": "InProgress",
+             "LastModifiedTime": created} for r in rules]
     return record
 
 

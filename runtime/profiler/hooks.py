@@ -1,0 +1,208 @@
+"""Framework events from a PyTorch training script, without changes to it: training steps
+(torch's global optimizer-step hooks), forward passes of the outermost module, backward
+passes, and data-loader fetches, written as Debugger's framework trace
+(``Step:ModeKeys.TRAIN`` with ``step_num``, ``Forward``, ``Backward``, ``DataLoaderIter``).
+
+The job's launcher puts ``bootstrap/`` first on PYTHONPATH and ``SHOAL_PROFILER_DIR`` in the
+environment; ``install_when_imported`` then waits, at no cost, until the script imports
+``torch.optim`` and installs the hooks there. ``SHOAL_PROFILER_EVENTS=steps`` (what system
+monitoring alone needs) records the steps only; ``all`` (framework profiling, or rules over
+framework events) adds forward, backward and data-loader spans. A script may also mark its own steps with
+:func:`step` (then optimizer steps are not counted as steps).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+from shoal.profiler.trace import TraceWriter
+
+TRAIN = "Step:ModeKeys.TRAIN"
+_state = threading.local()
+
+
+class Recorder:
+    """This process's events and step clock."""
+
+    def __init__(self, root: str, node: str, rank: int):
+        self.writer = TraceWriter(root, node)
+        self.rank = rank
+        self.step_num = 0
+        self.step_start: float | None = None
+        self.manual = False
+        atexit.register(self.writer.close)
+
+    def span(self, phase, name, start, end, **args):
+        self.writer.span(phase, name, start, end - start, rank=self.rank, **args)
+
+    def optimizer_stepped(self) -> None:
+        """Step k (from 0) ends with the (k+1)-th optimizer step and began where step k-1
+        ended (step 0: at the first forward, when forwards are recorded)."""
+        now = time.time()
+        if not self.manual:
+            if self.step_start is not None:
+                self.span(TRAIN, "Step", self.step_start, now, step_num=self.step_num)
+            self.step_num += 1
+        self.step_start = now
+
+    def forward_began(self) -> None:
+        if self.step_start is None:  # the first step starts with the first forward
+            self.step_start = time.time()
+
+
+_recorder: Recorder | None = None
+
+
+def recorder() -> Recorder | None:
+    global _recorder
+    root = os.environ.get("SHOAL_PROFILER_DIR")
+    if _recorder is None and root:
+        node = os.environ.get("SHOAL_HOST") or os.environ.get("SM_CURRENT_HOST") or "algo-1"
+        _recorder = Recorder(root, node, int(os.environ.get("RANK", "0") or 0))
+    return _recorder
+
+
+@contextmanager
+def step(step_num: int | None = None, mode: str = "TRAIN"):
+    """Mark one step yourself: ``with shoal.profiler.hooks.step(): train_one_batch()``."""
+    rec = recorder()
+    start = time.time()
+    try:
+        yield
+    finally:
+        if rec is not None:
+            rec.manual = True
+            rec.span(f"Step:ModeKeys.{mode}", "Step", start, time.time(),
+                     step_num=rec.step_num if step_num is None else step_num)
+            rec.step_num += 1
+
+
+def install_torch() -> None:
+    """Hook torch: optimizer steps, outermost forwards, backwards, data-loader fetches."""
+    import torch
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim
+
+    rec = recorder()
+    if rec is None or getattr(torch, "_shoal_profiler_hooked", False):
+        return
+    torch._shoal_profiler_hooked = True
+    optim.register_optimizer_step_post_hook(lambda *_: rec.optimizer_stepped())
+    if os.environ.get("SHOAL_PROFILER_EVENTS", "all") == "steps":
+        return
+
+    def pre(module, args):
+        depth = getattr(_state, "depth", 0)
+        if depth == 0:
+            rec.forward_began()
+            _state.start = time.time()
+        _state.depth = depth + 1
+
+    def post(module, args, output):
+        _state.depth = getattr(_state, "depth", 1) - 1
+        if _state.depth == 0:
+            rec.span("Forward", type(module).__name__, _state.start, time.time(),
+                     step_num=rec.step_num)
+
+    nn_module.register_module_forward_pre_hook(pre)
+    nn_module.register_module_forward_hook(post)
+    original_backward = torch.autograd.backward
+
+    def backward(*args, **kwargs):
+        start = time.time()
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            rec.span("Backward", "backward", start, time.time(), step_num=rec.step_num)
+
+    torch.autograd.backward = backward
+    _hook_dataloader(rec)
+
+
+def _hook_dataloader(rec: Recorder) -> None:
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter
+    original_next, original_init = base.__next__, base.__init__
+
+    def __init__(self, loader, *args, **kwargs):
+        original_init(self, loader, *args, **kwargs)
+        now = time.time()
+        rec.span("DataLoaderIterInitialize", "DataLoaderIterInitialize", now, now,
+                 num_workers=getattr(loader, "num_workers", 0),
+                 pin_memory=bool(getattr(loader, "pin_memory", False)))
+
+    def __next__(self):
+        start = time.time()
+        try:
+            return original_next(self)
+        finally:
+            rec.span("DataLoaderIter", "DataLoaderIter", start, time.time(),
+                     pid=os.getpid(), workers=getattr(self, "_num_workers", 0))
+
+    base.__init__, base.__next__ = __init__, __next__
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``install_torch`` right after ``torch.optim.optimizer`` is first imported."""
+
+    target = "torch.optim.optimizer"
+
+    def find_spec(self, name, path, target=None):
+        if name != self.target:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            _after_optimizer_import()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _after_optimizer_import() -> None:
+    # torch.optim.optimizer is imported while torch itself is still importing: install
+    # once the outermost import of torch has finished.
+    if "torch" in sys.modules and hasattr(sys.modules["torch"], "optim"):
+        _safe_install()
+    else:
+        sys.meta_path.insert(0, _TorchDone())
+
+
+class _TorchDone(importlib.abc.MetaPathFinder):
+    """Installs at the first import of anything after torch finished importing."""
+
+    def find_spec(self, name, path, target=None):
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "optim") and hasattr(torch, "autograd"):
+            sys.meta_path.remove(self)
+            _safe_install()
+        return None
+
+
+def _safe_install() -> None:
+    try:
+        install_torch()
+    except Exception as error:  # profiling must never stop a job
+        sys.stderr.write(f"shoal profiler: torch events off ({error})\n")
+
+
+def install_when_imported() -> None:
+    if "torch.optim.optimizer" in sys.modules:
+        _safe_install()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())

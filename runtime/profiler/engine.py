@@ -19,7 +19,7 @@ from typing import Any
 
 from shoal.profiler import rule_table
 from shoal.profiler.data import Store
-from shoal.profiler.rules import RULES, Rule
+from shoal.profiler.rules import RULES, SHOAL_RULES, Rule
 
 REPORT_DIR = "profiler-reports"
 
@@ -27,6 +27,11 @@ REPORT_DIR = "profiler-reports"
 def rules_for(rule_to_invoke: str, parameters: dict[str, Any]) -> list[Rule]:
     """The rules a configuration runs: one, or for ProfilerReport every rule, each with the
     ``<Rule>_<parameter>`` values meant for it."""
+    if rule_to_invoke == rule_table.SHOAL_CONFIGURATION:
+        scan = {k: v for k, v in parameters.items() if k == "scan_interval_us"}
+        return [cls(scan) for cls in SHOAL_RULES.values()]
+    if rule_to_invoke in SHOAL_RULES:
+        return [SHOAL_RULES[rule_to_invoke](parameters)]
     if rule_to_invoke != rule_table.REPORT:
         return [RULES[rule_to_invoke](parameters)]
     per_rule: dict[str, dict[str, Any]] = {}

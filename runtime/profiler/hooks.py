@@ -94,6 +94,7 @@ def install_torch() -> None:
         return
     torch._shoal_profiler_hooked = True
     optim.register_optimizer_step_post_hook(lambda *_: rec.optimizer_stepped())
+    _hook_collectives(rec)
     if os.environ.get("SHOAL_PROFILER_EVENTS", "all") == "steps":
         return
 
@@ -123,6 +124,50 @@ def install_torch() -> None:
 
     torch.autograd.backward = backward
     _hook_dataloader(rec)
+
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "barrier", "send", "recv")
+
+
+def _nbytes(value) -> int:
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return int(value.element_size() * value.numel())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _hook_collectives(rec: Recorder) -> None:
+    """Synchronous torch.distributed collectives as ``Collective`` spans: the time the caller
+    waited (what a step loses to communication), the bytes, the backend."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    for name in COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "_shoal_profiled", False):
+            continue
+
+        def wrapper(*args, _original=original, _name=name, **kwargs):
+            start = time.time()
+            result = _original(*args, **kwargs)
+            if not kwargs.get("async_op"):
+                group = kwargs.get("group")
+                try:
+                    backend = str(dist.get_backend(group))
+                except Exception:  # not initialised, or not a member
+                    backend = ""
+                rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
+                         bytes=_nbytes(args[0] if args else kwargs.get("tensor")), backend=backend)
+            return result
+
+        wrapper._shoal_profiled = True
+        wrapper.__wrapped__ = original
+        wrapper.__name__ = name
+        setattr(dist, name, wrapper)
 
 
 def _hook_dataloader(rec: Recorder) -> None:

@@ -81,11 +81,28 @@ REPORT_ONLY_RULES: Mapping[str, tuple[Param, ...]] = MappingProxyType({
     "OverallFrameworkMetrics": _rule(),
 })
 
+#: Shoal's own rules, from the data-parallel library's documented pitfalls; on by default in
+#: local jobs (the configuration ``ShoalRules``).
+SHOAL_RULES: Mapping[str, tuple[Param, ...]] = MappingProxyType({
+    # collectives inflating while the ranks' CPU is saturated (CPU preprocessing against the
+    # CPU AllReduce): the median collective takes ``inflation`` x its calm time
+    "CollectiveCPUContention": _rule(_pct("cpu_threshold", 90), _pos("inflation", 3),
+                                     _pos("min_collectives", 20)),
+    # exposed (synchronous) collective time above ``threshold`` percent of the step
+    "CommunicationBound": _rule(_pct("threshold", 20), _pos("min_steps", 10)),
+    # data parallelism across the processes of one node
+    "SingleNodeDataParallel": _rule(_pos("min_collectives", 10)),
+})
+SHOAL_CONFIGURATION = "ShoalRules"
+
 REPORT = "ProfilerReport"
 
 
 def params_of(rule: str) -> tuple[Param, ...]:
-    return PROFILER_RULES.get(rule) or REPORT_ONLY_RULES[rule]
+    for table in (PROFILER_RULES, REPORT_ONLY_RULES, SHOAL_RULES):
+        if rule in table:
+            return table[rule]
+    raise KeyError(rule)
 
 
 def defaults(rule: str) -> dict[str, Any]:

@@ -65,3 +65,66 @@ def test_a_job_with_12_stalled_steps_of_160_has_step_outliers_and_one_without_ha
     status = healthy["ProfilerRuleEvaluationStatuses"][0]
     assert status["RuleEvaluationStatus"] == "NoIssuesFound", status
     assert status["StatusDetails"] == ""  # 160 steps: enough data to judge
+
+
+CONTENTION = """
+import multiprocessing as mp, os, time
+import numpy as np
+import shoal.dataparallel.torch  # noqa: F401 - registers the shoal backend
+import torch, torch.distributed as dist
+
+def preprocess(stop):  # CPU-heavy preprocessing beside training
+    a = np.random.rand(200, 200)
+    while not stop.is_set():
+        a = np.tanh(a @ a.T / 200)
+
+if __name__ == "__main__":
+    dist.init_process_group(backend="shoal")
+    torch.set_num_threads(1)
+    grads = torch.ones(1024)  # 4 KiB: microseconds when the ranks have the cores
+    def allreduce(times):  # every rank the same number of times
+        for _ in range(times):
+            dist.all_reduce(grads)
+    allreduce(20000)  # calm
+    stop = mp.Event()
+    workers = [mp.Process(target=preprocess, args=(stop,), daemon=True)
+               for _ in range(int(os.environ["WORKERS"]))]
+    for w in workers:
+        w.start()
+    time.sleep(1)
+    allreduce(1000)  # beside preprocessing
+    stop.set()
+    for w in workers:
+        w.join()
+    print("done", flush=True)
+"""
+
+
+def test_cpu_preprocessing_beside_the_cpu_allreduce_is_found(tmp_path, monkeypatch):
+    """Two ranks allreduce 4 KiB (microseconds with the cores to themselves), then go on
+    beside two preprocessing processes: the contention finding, with its evidence. (A calm
+    control belongs to the unit tests: on a shared machine any other load is contention.)"""
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(CONTENTION)
+    est = shoal.PyTorch(entry_point="train.py", source_dir=str(code),
+                        role="arn:aws:iam::111122223333:role/R", instance_type="local",
+                        instance_count=1, framework_version="1.13.1", py_version="py39",
+                        output_path=(tmp_path / "out").as_uri(), environment={"WORKERS": "2"},
+                        distribution={"smdistributed": {"dataparallel": {"enabled": True}}},
+                        hyperparameters={"sagemaker_mpi_num_of_processes_per_host": 2})
+    est.fit(job_name="contention", logs=False)
+    statuses = {s["RuleConfigurationName"]: s for s in
+                est.latest_training_job.describe()["ProfilerRuleEvaluationStatuses"]}
+    shoal_rules = statuses["ShoalRules"]
+    assert shoal_rules["RuleEvaluationStatus"] == "IssuesFound", shoal_rules
+    assert "CollectiveCPUContention" in shoal_rules["StatusDetails"]
+    assert "move preprocessing" in shoal_rules["StatusDetails"]
+    # two processes allreducing on one node: the single-node finding too
+    assert "SingleNodeDataParallel" in shoal_rules["StatusDetails"]
+    report = json.loads((tmp_path / "out" / "contention" / "rule-output" / "ShoalRules" /
+                         "profiler-output" / "profiler-reports" / "CollectiveCPUContention.json"
+                         ).read_text())
+    evidence = report["Details"]["4096 bytes"]
+    assert evidence["contended_collectives"] >= 20 and evidence["worst_inflation"] >= 3

@@ -8,6 +8,11 @@ from shoal.profiler.rules.framework import (
     OverallFrameworkMetrics,
     StepOutlier,
 )
+from shoal.profiler.rules.shoal import (
+    CollectiveCPUContention,
+    CommunicationBound,
+    SingleNodeDataParallel,
+)
 from shoal.profiler.rules.system import (
     BatchSize,
     CPUBottleneck,
@@ -22,5 +27,8 @@ RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (
     BatchSize, CPUBottleneck, Dataloader, GPUMemoryIncrease, IOBottleneck, LoadBalancing,
     LowGPUUtilization, MaxInitializationTime, OverallSystemUsage, StepOutlier,
     OverallFrameworkMetrics)}
+#: Shoal's own rules (``rule_table.SHOAL_RULES``), run together as ``ShoalRules``.
+SHOAL_RULES: dict[str, type[Rule]] = {cls.name: cls for cls in (
+    CollectiveCPUContention, CommunicationBound, SingleNodeDataParallel)}
 
-__all__ = ["ISSUES", "NO_ISSUES", "RULES", "Rule", *RULES]
+__all__ = ["ISSUES", "NO_ISSUES", "RULES", "SHOAL_RULES", "Rule", *RULES, *SHOAL_RULES]

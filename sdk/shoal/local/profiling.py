@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from shoal.profiler import engine, layout, rule_table, system_monitor
-from shoal.profiler.rules import RULES
+from shoal.profiler.rules import RULES, SHOAL_RULES
 
 BOOTSTRAP = Path(system_monitor.__file__).parent / "bootstrap"
 ADVANCE_SECONDS = 5.0  # how often the rules look for newly completed windows
@@ -44,7 +44,8 @@ class _Configuration:
         invoke = params.get("rule_to_invoke", "")
         self.evaluation = None
         self.error = None
-        if invoke not in RULES and invoke != rule_table.REPORT:
+        known = {*RULES, *SHOAL_RULES, rule_table.REPORT, rule_table.SHOAL_CONFIGURATION}
+        if invoke not in known:
             self.error = (f"{invoke or self.name!r} is not a built-in profiler rule that Shoal "
                           "runs locally (custom rule images need SageMaker)")
             return
@@ -74,8 +75,11 @@ class JobProfiler:
         self.rule_output = Path(job_dir) / "rule-output"
         interval = (request.get("ProfilerConfig") or {}).get("ProfilingIntervalInMilliseconds")
         self.interval_ms = int(interval or DEFAULT_INTERVAL_MS)
-        self.configurations = [_Configuration(e, self.data, self.rule_output)
-                               for e in request.get("ProfilerRuleConfigurations") or ()]
+        entries = list(request.get("ProfilerRuleConfigurations") or ())
+        if os.environ.get("SHOAL_PROFILER_RULES", "1") != "0":  # Shoal's own, on by default
+            name = rule_table.SHOAL_CONFIGURATION
+            entries.append({"RuleConfigurationName": name, "RuleParameters": {"rule_to_invoke": name}})
+        self.configurations = [_Configuration(e, self.data, self.rule_output) for e in entries]
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()

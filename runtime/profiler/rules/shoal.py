@@ -1,0 +1,156 @@
+"""Shoal's own rules, from what the data-parallel library's documentation warns about:
+
+- ``CollectiveCPUContention``: the AllReduce runs on the CPU, so CPU-heavy preprocessing
+  during training slows the collectives. An issue when, at least ``min_collectives`` times,
+  a collective ran while the node's cores were busy above ``cpu_threshold`` percent, and the
+  median of those took ``inflation`` times the fastest collective of the same size class.
+- ``CommunicationBound``: the time a step waits for synchronous collectives is above
+  ``threshold`` percent of the step (median over at least ``min_steps`` steps).
+- ``SingleNodeDataParallel``: data parallelism among the processes of a single node (the
+  library is meant for two nodes or more; inside one node the framework's own path is as good).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+
+import numpy as np
+from shoal.profiler.rules.base import Rule, snapshots, stats
+from shoal.profiler.rules.framework import is_step
+
+WINDOW_MIN = 5  # collectives a second must hold to be judged
+
+
+def _size_class(nbytes: int) -> int:
+    return max(0, int(nbytes).bit_length() - 1)  # powers of two
+
+
+class CollectiveCPUContention(Rule):
+    name = "CollectiveCPUContention"
+    description = "Checks whether busy CPUs (preprocessing, other processes) slow the CPU AllReduce."
+    recommendation = ("The AllReduce runs on the CPU and competes with CPU-heavy work: move "
+                      "preprocessing before training, to the GPU, or to fewer data-loader "
+                      "workers, and leave cores to the collectives.")
+
+    def __init__(self, parameters=None):
+        super().__init__(parameters)
+        self.busy_at: dict[str, list[tuple[float, float]]] = defaultdict(list)  # node: (ts, cpu)
+        self.collectives: list[tuple[str, float, float, int]] = []  # node, start, dur, bytes
+
+    def scan(self, metrics, events):
+        for node, node_metrics in metrics.items():
+            for snap in snapshots(node_metrics):
+                cores = [m.value for m in snap if m.dimension == "CPUUtilization"]
+                if cores:
+                    self.busy_at[node].append((snap[0].ts, sum(cores) / len(cores)))
+        for node, node_events in events.items():
+            self.collectives += [(node, e.start, e.duration, int(e.args.get("bytes", 0)))
+                                 for e in node_events if e.phase == "Collective"]
+        self.evaluate()
+
+    def _cpu_at(self, node: str, ts: float) -> float | None:
+        samples = self.busy_at.get(node) or []
+        i = bisect.bisect_left(samples, (ts,))
+        near = [samples[j] for j in (i - 1, i) if 0 <= j < len(samples)]
+        best = min(near, key=lambda s: abs(s[0] - ts), default=None)
+        return best[1] if best and abs(best[0] - ts) <= 2.0 else None
+
+    def evaluate(self) -> None:
+        """Collectives are judged a second at a time against the job's own calm speed (the
+        10th percentile of their size class): a second is contended when its median
+        collective took ``inflation`` x that while the node's cores were busy above
+        ``cpu_threshold``. One slow call is noise; seconds of them are a pattern."""
+        by_class: dict[int, list[float]] = defaultdict(list)
+        windows: dict[tuple, list[float]] = defaultdict(list)
+        for node, start, duration, nbytes in self.collectives:
+            c = _size_class(nbytes)
+            by_class[c].append(duration)
+            windows[(node, c, int(start))].append(duration)
+        calm = {c: float(np.percentile(d, 10)) for c, d in by_class.items()}
+        details: dict[str, dict] = {}
+        contended = 0
+        for (node, c, second), durations in sorted(windows.items()):
+            entry = details.setdefault(f"{2 ** c} bytes", {
+                "calm_s": calm[c], "collectives": len(by_class[c]), "contended_seconds": 0,
+                "contended_collectives": 0, "worst_inflation": 0.0})
+            if len(durations) < WINDOW_MIN:
+                continue
+            inflation = statistics.median(durations) / max(calm[c], 1e-9)
+            cpu = self._cpu_at(node, second + 0.5)
+            entry["worst_inflation"] = max(entry["worst_inflation"], inflation)
+            if cpu is not None and cpu >= self.cpu_threshold and inflation >= self.inflation:
+                entry["contended_seconds"] += 1
+                entry["contended_collectives"] += len(durations)
+                contended += len(durations)
+        self.report["Datapoints"] = len(self.collectives)
+        self.report["Details"] = details
+        self.found = contended if contended >= self.min_collectives else 0
+
+    def finish(self):
+        if getattr(self, "found", 0):
+            self.trigger(self.found)
+        elif not self.collectives:
+            self.insufficient = "no synchronous collective was recorded"
+
+
+class CommunicationBound(Rule):
+    name = "CommunicationBound"
+    description = "Checks whether steps spend much of their time waiting for collectives."
+    recommendation = ("Steps wait for communication: overlap it with compute (DDP buckets, "
+                      "async collectives), communicate less often (gradient accumulation), "
+                      "larger batches per step, or compress gradients.")
+
+    def __init__(self, parameters=None):
+        super().__init__(parameters)
+        self.steps: list = []
+        self.comm: list = []
+
+    def scan(self, metrics, events):
+        for node_events in events.values():
+            self.steps += [e for e in node_events if is_step(e)]
+            self.comm += [e for e in node_events if e.phase == "Collective"]
+
+    def finish(self):
+        by_step = defaultdict(float)
+        for e in self.comm:
+            by_step[(e.args.get("rank"), e.args.get("step_num"))] += e.duration
+        shares = [100 * by_step.get((s.args.get("rank"), s.args.get("step_num")), 0.0) / s.duration
+                  for s in self.steps if s.duration > 0]
+        self.report["Datapoints"] = len(shares)
+        if len(shares) < self.min_steps:
+            self.insufficient = f"{len(shares)} steps, the rule needs {self.min_steps}"
+            return
+        self.report["Details"] = {"collective_share_percent": stats(shares)}
+        if statistics.median(shares) > self.threshold:
+            self.trigger(sum(share > self.threshold for share in shares))
+
+
+class SingleNodeDataParallel(Rule):
+    name = "SingleNodeDataParallel"
+    description = "Checks for data parallelism inside a single node."
+    recommendation = ("The data-parallel library pays off on two nodes or more; on one node, "
+                      "torch's DistributedDataParallel over the node's own links is as fast.")
+
+    def __init__(self, parameters=None):
+        super().__init__(parameters)
+        self.nodes: set[str] = set()
+        self.ranks: set = set()
+        self.count = 0
+
+    def scan(self, metrics, events):
+        self.nodes |= set(metrics) | set(events)
+        for node_events in events.values():
+            for e in node_events:
+                if e.phase == "Collective":
+                    self.ranks.add(e.args.get("rank"))
+                    self.count += 1
+
+    def finish(self):
+        self.report["Datapoints"] = self.count
+        self.report["Details"] = {"nodes": sorted(self.nodes), "ranks": len(self.ranks)}
+        if self.count < self.min_collectives:
+            self.insufficient = f"{self.count} collectives were recorded"
+        elif len(self.nodes) == 1 and len(self.ranks) > 1:
+            self.trigger()

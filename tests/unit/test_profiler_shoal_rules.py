@@ -1,0 +1,83 @@
+"""Shoal's own rules on recorded data: collectives slowed by busy CPUs, steps that wait for
+communication, data parallelism inside one node; each triggered and not."""
+
+from __future__ import annotations
+
+import pytest
+from shoal.profiler.trace import TraceWriter
+
+from tests.unit.test_profiler_rules import T0, evaluate, result, status, write_system
+
+
+def write_collectives(root, node, plan, rank=0, nbytes=1 << 20):
+    """``plan``: (start offset s, duration s) of each synchronous all_reduce."""
+    trace = TraceWriter(root, node)
+    for n, (offset, duration) in enumerate(plan):
+        trace.span("Collective", "all_reduce", T0 + offset, duration, bytes=nbytes, rank=rank,
+                   step_num=n, backend="shoal")
+    trace.close()
+
+
+def write_steps_with_comm(root, node, steps, step_s, comm_s, ranks=(0,)):
+    trace = TraceWriter(root, node)
+    for rank in ranks:
+        t = T0
+        for n in range(steps):
+            trace.span("Step:ModeKeys.TRAIN", "Step", t, step_s, step_num=n, rank=rank)
+            trace.span("Collective", "all_reduce", t + step_s - comm_s, comm_s, step_num=n,
+                       rank=rank, bytes=4096)
+            t += step_s
+    trace.close()
+
+
+def test_collectives_slowed_by_busy_cpus(tmp_path):
+    # 40 s of samples: calm (20 %) for 10 s, then saturated (98 %)
+    for case in ("contended", "calm"):
+        root = tmp_path / case
+        busy = (lambda i, c: 20 if i < 20 else 98) if case == "contended" else 20
+        write_system(root, "algo-1", 80, cpu=busy, gpus=0)
+        calm = [(0.05 * i, 0.0001) for i in range(150)]  # 7.5 s at 20 collectives a second
+        later = [(12 + 0.05 * i, 0.002 if case == "contended" else 0.00012) for i in range(200)]
+        write_collectives(root, "algo-1", calm + later)
+    found = evaluate(tmp_path / "contended", "CollectiveCPUContention")
+    fine = evaluate(tmp_path / "calm", "CollectiveCPUContention")
+    assert status(found, "CollectiveCPUContention")["RuleEvaluationStatus"] == "IssuesFound"
+    details = result(found, "CollectiveCPUContention")["Details"]["1048576 bytes"]
+    assert details["contended_collectives"] == 200 and details["contended_seconds"] == 10
+    assert details["worst_inflation"] == pytest.approx(20)
+    assert "move preprocessing" in status(found, "CollectiveCPUContention")["StatusDetails"]
+    assert status(fine, "CollectiveCPUContention")["RuleEvaluationStatus"] == "NoIssuesFound"
+
+
+def test_busy_cpus_without_slower_collectives_are_no_issue(tmp_path):
+    write_system(tmp_path, "algo-1", 80, cpu=98, gpus=0)
+    write_collectives(tmp_path, "algo-1", [(0.05 * i, 0.001 * (1 + i % 3)) for i in range(600)])
+    ev = evaluate(tmp_path, "CollectiveCPUContention")
+    assert status(ev, "CollectiveCPUContention")["RuleEvaluationStatus"] == "NoIssuesFound"
+
+
+@pytest.mark.parametrize("comm_s, expected", [(0.04, "IssuesFound"), (0.01, "NoIssuesFound")])
+def test_communication_bound_steps(tmp_path, comm_s, expected):
+    write_steps_with_comm(tmp_path, "algo-1", 30, 0.1, comm_s)
+    ev = evaluate(tmp_path, "CommunicationBound")
+    assert status(ev, "CommunicationBound")["RuleEvaluationStatus"] == expected
+    share = result(ev, "CommunicationBound")["Details"]["collective_share_percent"]["p50"]
+    assert share == pytest.approx(100 * comm_s / 0.1)
+
+
+def test_single_node_data_parallel(tmp_path):
+    write_steps_with_comm(tmp_path / "one", "algo-1", 20, 0.1, 0.01, ranks=(0, 1))
+    write_steps_with_comm(tmp_path / "two", "algo-1", 20, 0.1, 0.01, ranks=(0,))
+    write_steps_with_comm(tmp_path / "two", "algo-2", 20, 0.1, 0.01, ranks=(1,))
+    assert status(evaluate(tmp_path / "one", "SingleNodeDataParallel"),
+                  "SingleNodeDataParallel")["RuleEvaluationStatus"] == "IssuesFound"
+    assert status(evaluate(tmp_path / "two", "SingleNodeDataParallel"),
+                  "SingleNodeDataParallel")["RuleEvaluationStatus"] == "NoIssuesFound"
+
+
+def test_shoal_rules_run_together_and_say_when_data_is_missing(tmp_path):
+    write_system(tmp_path, "algo-1", 10, gpus=0)
+    ev = evaluate(tmp_path, "ShoalRules")
+    details = {s["Rule"]: s["StatusDetails"] for s in ev.statuses()}
+    assert set(details) == {"CollectiveCPUContention", "CommunicationBound", "SingleNodeDataParallel"}
+    assert all(d.startswith("Insufficient data") for d in details.values()), details

@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make
+APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make chromium
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 

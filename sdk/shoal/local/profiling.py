@@ -139,7 +139,22 @@ class JobProfiler:
             t.join(timeout=60)
         layout.mark_end(self.data, time.time())
         self._advance(final=True)
+        self._write_reports()
         return self.statuses()
+
+    def _write_reports(self) -> None:
+        """``profiler-report.html`` beside each configuration's rule reports."""
+        from shoal.profiler import report
+
+        for c in self.configurations:
+            if c.evaluation is None:
+                continue
+            try:
+                report.write(c.evaluation.out_dir / report.REPORT_FILE,
+                             self.request["TrainingJobName"], self.data, [c.evaluation.out_dir],
+                             c.evaluation.statuses())
+            except Exception as error:  # a report that cannot be drawn is not a failed job
+                c.report_error = f"{type(error).__name__}: {error}"
 
     def statuses(self) -> list[dict]:
         return [c.status() for c in self.configurations]

@@ -1,0 +1,134 @@
+"""The profiler report: one self-contained HTML page (``profiler-report.html``) from a job's
+profiler data and its rules' reports: the job's summary, every rule's status with its
+findings, evidence and fix, system usage, framework time by phase, and plots. No network,
+no telemetry; everything is inline."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import jinja2
+from shoal.profiler.data import Store
+from shoal.profiler.engine import REPORT_DIR
+from shoal.profiler.rules import RULES, SHOAL_RULES
+
+REPORT_FILE = "profiler-report.html"
+_CLASSES = {**RULES, **SHOAL_RULES}
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _summary(store: Store) -> list[tuple[str, str]]:
+    span = store.span()
+    if span is None:
+        return [("Data", "none was recorded")]
+    steps = sorted((e.start, e.start + e.duration) for es in store.events.values() for e in es
+                   if e.phase.startswith("Step:ModeKeys."))
+    rows = [("Job start", _when(span[0])), ("Job end", _when(span[1])),
+            ("Duration", f"{span[1] - span[0]:.1f} s"),
+            ("Hosts", ", ".join(store.nodes))]
+    if steps:
+        total = max(span[1] - span[0], 1e-9)
+        init, loop, final = steps[0][0] - span[0], steps[-1][1] - steps[0][0], span[1] - steps[-1][1]
+        rows += [("Training loop", f"{loop:.1f} s ({100 * loop / total:.0f} %), {len(steps)} steps"),
+                 ("Initialization", f"{init:.1f} s ({100 * init / total:.0f} %)"),
+                 ("Finalization", f"{final:.1f} s ({100 * final / total:.0f} %)")]
+    return rows
+
+
+PLOT_ONLY = {"probs", "binedges", "workloads", "bottleneck_times"}  # drawn, not listed
+
+
+def _compact(value):
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items() if k not in PLOT_ONLY}
+    if isinstance(value, list):
+        head = [_compact(v) for v in value[:12]]
+        return head + [f"... {len(value) - 12} more"] if len(value) > 12 else head
+    if isinstance(value, float):
+        return float(f"{value:.4g}")
+    return value
+
+
+def _evidence(details: dict) -> str:
+    text = json.dumps(_compact(details), indent=1, default=str)
+    return text if len(text) < 2000 else text[:2000] + "\n..."
+
+
+def _rules(reports: dict[str, dict], statuses: dict[str, dict]):
+    rows, findings = [], []
+    for name, report in reports.items():
+        cls = _CLASSES.get(name)
+        status = statuses.get(name, {})
+        row = {"name": name, "status": status.get("RuleEvaluationStatus", ""),
+               "details": status.get("StatusDetails", ""),
+               "description": getattr(cls, "description", ""),
+               "recommendation": getattr(cls, "recommendation", ""),
+               "triggered": report.get("RuleTriggered", 0), "datapoints": report.get("Datapoints", 0),
+               "parameters": report.get("RuleParameters", "")}
+        rows.append(row)
+        if row["triggered"]:
+            details = {k: v for k, v in report.get("Details", {}).items() if k != "InsufficientData"}
+            findings.append({**row, "evidence": _evidence(details)})
+    rows.sort(key=lambda r: (-r["triggered"], r["name"]))
+    return rows, findings
+
+
+def _plots(store: Store, reports: dict[str, dict]) -> list[tuple[str, str]]:
+    from shoal.profiler.report import plots
+
+    outliers = set()
+    for phases in (reports.get("StepOutlier", {}).get("Details") or {}).values():
+        if isinstance(phases, dict):
+            for phase in phases.values():
+                if isinstance(phase, dict):
+                    outliers |= set(phase.get("step_numbers", []))
+    made = [("Utilization per host, core and GPU", plots.utilization(store)),
+            ("Step durations and outliers", plots.step_durations(store, outliers)),
+            ("Load across ranks", plots.load_across_ranks(store)),
+            ("Compute and collectives", plots.compute_and_collectives(store)),
+            ("Data loading", plots.data_loading(store))]
+    return [(title, svg) for title, svg in made if svg]
+
+
+def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict] | None = None) -> str:
+    """The page for a job: its profiler data and the rule reports under ``rule_dirs``
+    (``<rule-output>/<name>/profiler-output``)."""
+    store = Store(Path(data_dir))
+    store.load()
+    reports: dict[str, dict] = {}
+    for folder in rule_dirs:
+        for path in sorted((Path(folder) / REPORT_DIR).glob("*.json")):
+            reports[path.stem] = json.loads(path.read_text())
+    by_rule = {s.get("Rule", s.get("RuleConfigurationName")): s for s in statuses or ()}
+    rows, findings = _rules(reports, by_rule)
+    usage = [(node, sorted(cats.items())) for node, cats in
+             sorted((reports.get("OverallSystemUsage", {}).get("Details") or {}).items())
+             if isinstance(cats, dict)]
+    phase_totals = (reports.get("OverallFrameworkMetrics", {}).get("Details") or {}).get("phase") or {}
+    if not phase_totals:
+        for events in store.events.values():
+            for e in events:
+                phase_totals[e.phase] = phase_totals.get(e.phase, 0.0) + e.duration
+    total = sum(phase_totals.values()) or 1.0
+    phases = sorted(((k, v, 100 * v / total) for k, v in phase_totals.items()), key=lambda r: -r[1])
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
+                             undefined=jinja2.StrictUndefined, autoescape=True)
+    return env.get_template("template.html.j2").render(
+        job=job, generated=_when(datetime.datetime.now(datetime.timezone.utc).timestamp()),
+        summary=_summary(store), rules=rows, findings=findings, usage=usage, phases=phases,
+        plots=_plots(store, reports))
+
+
+def write(path: Path, job: str, data_dir: Path, rule_dirs: list[Path],
+          statuses: list[dict] | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(job, data_dir, rule_dirs, statuses), encoding="utf-8")
+    return path

@@ -391,6 +391,15 @@ def _mount_advice_commands() -> None:
 _mount_advice_commands()
 
 
+def _mount_report_command() -> None:
+    from .debugger.report_command import report
+
+    cli.add_command(report, name="report")
+
+
+_mount_report_command()
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and turn errors into exit codes."""
     try:

@@ -61,6 +61,15 @@ def _evidence(details: dict) -> str:
     return text if len(text) < 2000 else text[:2000] + "\n..."
 
 
+def status_of(report: dict) -> dict:
+    """A finished rule's status from its report file alone."""
+    if report.get("RuleTriggered"):
+        return {"RuleEvaluationStatus": "IssuesFound", "StatusDetails": ""}
+    lacking = (report.get("Details") or {}).get("InsufficientData")
+    return {"RuleEvaluationStatus": "NoIssuesFound",
+            "StatusDetails": f"Insufficient data: {lacking}" if lacking else ""}
+
+
 def _rules(reports: dict[str, dict], statuses: dict[str, dict]):
     rows, findings = [], []
     for name, report in reports.items():
@@ -107,6 +116,8 @@ def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict]
         for path in sorted((Path(folder) / REPORT_DIR).glob("*.json")):
             reports[path.stem] = json.loads(path.read_text())
     by_rule = {s.get("Rule", s.get("RuleConfigurationName")): s for s in statuses or ()}
+    for name, data in reports.items():  # a rule with no status given: its report says it
+        by_rule.setdefault(name, status_of(data))
     rows, findings = _rules(reports, by_rule)
     usage = [(node, sorted(cats.items())) for node, cats in
              sorted((reports.get("OverallSystemUsage", {}).get("Details") or {}).items())
@@ -124,6 +135,15 @@ def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict]
         job=job, generated=_when(datetime.datetime.now(datetime.timezone.utc).timestamp()),
         summary=_summary(store), rules=rows, findings=findings, usage=usage, phases=phases,
         plots=_plots(store, reports))
+
+
+def job_folders(job_dir: Path) -> tuple[Path, list[Path]]:
+    """A job's profiler data and its rule-report folders, under ``<job_dir>`` laid out as
+    SageMaker lays them out under ``<output>/<job>/`` (``profiler-output``,
+    ``rule-output/<rule>/profiler-output``)."""
+    job_dir = Path(job_dir)
+    return (job_dir / "profiler-output",
+            sorted(p for p in (job_dir / "rule-output").glob("*/profiler-output") if p.is_dir()))
 
 
 def write(path: Path, job: str, data_dir: Path, rule_dirs: list[Path],

@@ -56,8 +56,19 @@ def _compact(value):
     return value
 
 
+def _pretty(value, depth: int = 0) -> str:
+    """JSON with objects one key a line and lists of plain values on one line."""
+    pad = "  " * (depth + 1)
+    if isinstance(value, dict) and value:
+        items = [f"{pad}{json.dumps(str(k))}: {_pretty(v, depth + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * depth + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(pad + _pretty(v, depth + 1) for v in value) + "\n" + "  " * depth + "]"
+    return json.dumps(value, default=str)
+
+
 def _evidence(details: dict) -> str:
-    text = json.dumps(_compact(details), indent=1, default=str)
+    text = _pretty(_compact(details))
     return text if len(text) < 2000 else text[:2000] + "\n..."
 
 

@@ -83,7 +83,8 @@ class StepOutlier(Rule):
             details.setdefault(node, {})[phase] = {
                 "step_stats": {k: stats(durations)[k] for k in ("mean", "max", "p99", "p95", "p50", "min")},
                 "number_of_outliers": len(outliers), "stddev": float(durations.std()),
-                "limit": float(limit), "step_numbers": [n for n, _ in outliers][:100],
+                # ranks of one node share step numbers: each step once
+                "limit": float(limit), "step_numbers": list(dict.fromkeys(n for n, _ in outliers))[:100],
                 "outlier_durations": [d for _, d in outliers][:100],
                 "probs": probs.tolist(), "binedges": edges.tolist()}
             if len(outliers) > self.n_outliers:

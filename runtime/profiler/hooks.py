@@ -95,6 +95,7 @@ def install_torch() -> None:
     torch._shoal_profiler_hooked = True
     optim.register_optimizer_step_post_hook(lambda *_: rec.optimizer_stepped())
     _hook_collectives(rec)
+    hook_core(rec)
     if os.environ.get("SHOAL_PROFILER_EVENTS", "all") == "steps":
         return
 
@@ -170,6 +171,53 @@ def _hook_collectives(rec: Recorder) -> None:
         setattr(dist, name, wrapper)
 
 
+CORE_COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "reduce_scatter", "alltoall",
+                    "gather", "scatter", "barrier", "send", "recv")
+
+
+def hook_core(rec: Recorder | None = None) -> None:
+    """Shoal's core API (``shoal.dataparallel.core``, under the TensorFlow and module APIs):
+    each call as a ``Collective`` span with its bytes and whether it crossed hosts."""
+    rec = rec or recorder()
+    core = sys.modules.get("shoal.dataparallel.core")
+    if rec is None or core is None or getattr(core, "_shoal_profiled", False):
+        return
+    core._shoal_profiled = True
+    hosts_of: dict[int, int] = {}
+
+    def hosts(group) -> int:
+        key = id(group)
+        if key not in hosts_of:
+            try:
+                topology = core._target(group).topology()
+                hosts_of[key] = int(topology["num_hosts"] if isinstance(topology, dict)
+                                    else topology.num_hosts)
+            except Exception:  # no communicator yet: the call itself says why
+                return 0
+        return hosts_of[key]
+
+    for name in CORE_COLLECTIVES:
+        original = getattr(core, name, None)
+        if original is None:
+            continue
+
+        def wrapper(*args, _original=original, _name=name, **kwargs):
+            start = time.time()
+            result = _original(*args, **kwargs)
+            rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
+                     bytes=_nbytes_array(args[0] if args else None), backend="shoal-core",
+                     across_hosts=hosts(kwargs.get("group")) > 1)
+            return result
+
+        wrapper.__wrapped__ = original
+        wrapper.__name__ = name
+        setattr(core, name, wrapper)
+
+
+def _nbytes_array(value) -> int:
+    return int(getattr(value, "nbytes", 0) or _nbytes(value))
+
+
 def _hook_dataloader(rec: Recorder) -> None:
     from torch.utils.data import dataloader
 
@@ -195,9 +243,10 @@ def _hook_dataloader(rec: Recorder) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``install_torch`` right after ``torch.optim.optimizer`` is first imported."""
+    """Runs ``callback`` right after module ``target`` is first imported."""
 
-    target = "torch.optim.optimizer"
+    def __init__(self, target: str, callback):
+        self.target, self.callback = target, callback
 
     def find_spec(self, name, path, target=None):
         if name != self.target:
@@ -208,14 +257,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        loader = spec.loader
-        original = loader.exec_module
+        original = spec.loader.exec_module
+        callback = self.callback
 
         def exec_module(module):
             original(module)
-            _after_optimizer_import()
+            callback()
 
-        loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module
         return spec
 
 
@@ -246,8 +295,22 @@ def _safe_install() -> None:
         sys.stderr.write(f"shoal profiler: torch events off ({error})\n")
 
 
+def _safe_hook_core() -> None:
+    try:
+        hook_core()
+    except Exception as error:  # profiling must never stop a job
+        sys.stderr.write(f"shoal profiler: core events off ({error})\n")
+
+
 def install_when_imported() -> None:
+    """Hooks torch once ``torch.optim`` is imported, and Shoal's core API once it is."""
+    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        return
     if "torch.optim.optimizer" in sys.modules:
         _safe_install()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch.optim.optimizer", _after_optimizer_import))
+    if "shoal.dataparallel.core" in sys.modules:
+        _safe_hook_core()
+    else:
+        sys.meta_path.insert(0, _AfterImport("shoal.dataparallel.core", _safe_hook_core))

@@ -62,6 +62,15 @@ class TraceWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(body))
-        tmp.replace(path)
+        # Ranks of one node name files by their end time: a name already taken (two ranks
+        # ending together) moves on by a microsecond; linking never replaces a file.
+        while True:
+            try:
+                os.link(tmp, path)
+                break
+            except FileExistsError:
+                end += 1
+                path = layout.framework_file(self.root, self.node, end)
+        tmp.unlink()
 
     close = flush

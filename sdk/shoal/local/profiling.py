@@ -91,7 +91,8 @@ class JobProfiler:
         config = self.request.get("ProfilerConfig") or {}
         invoked = {(e.get("RuleParameters") or {}).get("rule_to_invoke")
                    for e in self.request.get("ProfilerRuleConfigurations") or ()}
-        detailed = "ProfilingParameters" in config or invoked & FRAMEWORK_RULES
+        metrics = profiling_parameters.parse(config.get("ProfilingParameters"))  # data, not code
+        detailed = bool(metrics) or bool(invoked & FRAMEWORK_RULES)
         return {**base, "SHOAL_PROFILER_DIR": str(self.data), "PYTHONPATH": path,
                 "SHOAL_PROFILER_EVENTS": "all" if detailed else "steps"}
 

@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from shoal.profiler import engine, layout, rule_table, system_monitor
+from shoal.profiler import engine, layout, profiling_parameters, rule_table, system_monitor
 from shoal.profiler.rules import RULES, SHOAL_RULES
 
 BOOTSTRAP = Path(system_monitor.__file__).parent / "bootstrap"

@@ -102,7 +102,7 @@ if __name__ == "__main__":
 
 def test_cpu_preprocessing_beside_the_cpu_allreduce_is_found(tmp_path, monkeypatch):
     """Two ranks allreduce 4 KiB (microseconds with the cores to themselves), then go on
-    beside two preprocessing processes: the contention finding, with its evidence. (A calm
+    beside four preprocessing processes: the contention finding, with its evidence. (A calm
     control belongs to the unit tests: on a shared machine any other load is contention.)"""
     monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
     code = tmp_path / "code"
@@ -111,7 +111,7 @@ def test_cpu_preprocessing_beside_the_cpu_allreduce_is_found(tmp_path, monkeypat
     est = shoal.PyTorch(entry_point="train.py", source_dir=str(code),
                         role="arn:aws:iam::111122223333:role/R", instance_type="local",
                         instance_count=1, framework_version="1.13.1", py_version="py39",
-                        output_path=(tmp_path / "out").as_uri(), environment={"WORKERS": "2"},
+                        output_path=(tmp_path / "out").as_uri(), environment={"WORKERS": "4"},
                         distribution={"smdistributed": {"dataparallel": {"enabled": True}}},
                         hyperparameters={"sagemaker_mpi_num_of_processes_per_host": 2})
     est.fit(job_name="contention", logs=False)

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import InputError
-from . import layout, process, profiling, state, storage
+from . import layout, process, state, storage
 
 FAILURE_LIMIT = 1024
 TIMEOUT_EXIT = 124  # simulate.run_job's code when MaxRuntimeInSeconds ran out
@@ -35,8 +35,12 @@ class Supervisor:
         self.request = json.loads(self.paths.request_file.read_text())
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
-        self.profiler = (profiling.JobProfiler(self.request, self.paths.job_dir, self.hosts)
-                         if profiling.enabled(self.request) else None)
+        self.profiler = None
+        config = self.request.get("ProfilerConfig") or {}
+        if config and not config.get("DisableProfiler", False):
+            from . import profiling  # numpy and the rules: only for a job that profiles
+
+            self.profiler = profiling.JobProfiler(self.request, self.paths.job_dir, self.hosts)
 
     # -- state -----------------------------------------------------------------------------
     def move(self, status: str, message: str | None = None, **fields) -> None:

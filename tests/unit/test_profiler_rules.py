@@ -47,6 +47,15 @@ def write_steps(root, node, durations, start=T0 + 1.0, phase="Step:ModeKeys.TRAI
     trace.close()
 
 
+def write_loading(root, node, workers, seconds=20):
+    """Data-loader fetches, served by ``workers`` processes a second."""
+    trace = TraceWriter(root, node)
+    for second in range(seconds):
+        for w in range(workers):
+            trace.span("DataLoaderIter", "DataLoaderIter", T0 + second + 0.1 * w, 0.05, pid=1000 + w)
+    trace.close()
+
+
 def evaluate(root, rule, **params):
     ev = engine.Evaluation(root, engine.rules_for(rule, {k: str(v) for k, v in params.items()}),
                            root / "out")
@@ -87,6 +96,10 @@ CASES = {
     "StepOutlier": (
         lambda r: write_steps(r, "algo-1", [1.0 if n % 13 == 5 else 0.01 for n in range(160)]),
         lambda r: write_steps(r, "algo-1", [0.01 + 0.001 * (n % 3) for n in range(160)]), {}),
+    # 4 cores (the node's metrics): fewer than 70 % of them loading is too few
+    "Dataloader": (
+        lambda r: (write_system(r, "algo-1", 40, cores=4), write_loading(r, "algo-1", 1)),
+        lambda r: (write_system(r, "algo-1", 40, cores=4), write_loading(r, "algo-1", 4)), {}),
     "MaxInitializationTime": (
         lambda r: write_system(r, "algo-1", 10, interval=30.0),
         lambda r: (write_system(r, "algo-1", 10, interval=30.0), write_steps(r, "algo-1", [0.1] * 5)),

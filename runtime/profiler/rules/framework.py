@@ -115,9 +115,14 @@ class Dataloader(Rule):
         self.workers_per_second: dict[int, set] = defaultdict(set)
         self.loading: list[float] = []
         self.init_args: dict = {}
+        self.node_cores = 0
         self.cores = os.cpu_count() or 1
 
     def scan(self, metrics, events):
+        # the node's cores as its system metrics count them (this machine's when there are none)
+        names = {m.name for ms in metrics.values() for m in ms if m.dimension == "CPUUtilization"}
+        self.node_cores = max(self.node_cores, len(names))
+        self.cores = self.node_cores or os.cpu_count() or 1
         for node_events in events.values():
             for e in node_events:
                 if e.phase.startswith("DataLoader") or e.name.startswith("DataLoader"):

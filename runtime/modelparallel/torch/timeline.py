@@ -5,7 +5,9 @@ for its phase and microbatch, and every message sent becomes an instant event wi
 kind, peer and bytes; steps are spans of their own. Each rank writes
 ``{dir}/timeline-rank{rank}.json`` (the Trace Event format, which chrome://tracing and
 Perfetto open) when the process exits. The bubble benchmark reads the idle fraction of each
-rank from it: the share of a step's span covered by no task span.
+rank from it: the share of a step's span covered by no task span. ``otherData`` carries the
+rank's host and the offset from the timeline's clock to the epoch, so that the profiler can
+join the timeline to the job's other framework events.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Timeline:
         self.rank = rank
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        # perf_counter microseconds + this = microseconds since the epoch
+        self._epoch_offset_us = time.time() * 1e6 - time.perf_counter() * 1e6
         os.makedirs(directory, exist_ok=True)
         atexit.register(self.write)
 
@@ -46,8 +50,10 @@ class Timeline:
     def write(self) -> None:
         with self._lock:
             events = list(self._events)
+        other = {"rank": self.rank, "host": os.environ.get("SHOAL_HOST", ""),
+                 "epoch_offset_us": self._epoch_offset_us}
         with open(self.path, "w", encoding="utf-8") as handle:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, handle)
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}, handle)
 
 
 def from_environment(rank: int) -> Timeline | None:

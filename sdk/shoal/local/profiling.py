@@ -16,7 +16,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from shoal.profiler import engine, layout, profiling_parameters, rule_table, system_monitor
+from shoal.profiler import (
+    engine,
+    layout,
+    profiling_parameters,
+    rule_table,
+    system_monitor,
+    timelines,
+)
 from shoal.profiler.rules import RULES, SHOAL_RULES
 
 BOOTSTRAP = Path(system_monitor.__file__).parent / "bootstrap"
@@ -94,7 +101,9 @@ class JobProfiler:
         metrics = profiling_parameters.parse(config.get("ProfilingParameters"))  # data, not code
         detailed = bool(metrics) or bool(invoked & FRAMEWORK_RULES)
         return {**base, "SHOAL_PROFILER_DIR": str(self.data), "PYTHONPATH": path,
-                "SHOAL_PROFILER_EVENTS": "all" if detailed else "steps"}
+                "SHOAL_PROFILER_EVENTS": "all" if detailed else "steps",
+                # the model-parallel runtime's timelines, joined to the events at the end
+                "SHOAL_MP_TIMELINE": base.get("SHOAL_MP_TIMELINE") or str(self.data / timelines.MP_DIR)}
 
     def start(self, on_change=None) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
@@ -138,6 +147,7 @@ class JobProfiler:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=60)
+        timelines.join_model_parallel(self.data, self.hosts[0])
         layout.mark_end(self.data, time.time())
         self._advance(final=True)
         self._write_reports()

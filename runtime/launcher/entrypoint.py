@@ -39,6 +39,7 @@ from shoal.launcher.environment import (
     sm_env_vars,
 )
 from shoal.launcher.paths import JobPaths
+from shoal.launcher.profiling import profiler_env
 from shoal.launcher.rank import job_id, write_host_environment
 from shoal.launcher.runners import Runner
 from shoal.launcher.simulate import LOOPBACK, SESSION_TMP_ENV, SIMULATED_ROOT_ENV, agent_command
@@ -101,6 +102,7 @@ class Launch:
         env.setdefault("SHOAL_HOST", self.job.current_host)
         env.setdefault("LD_LIBRARY_PATH", "")  # mpirun -x warns about unset variables
         env["SHOAL_JOB_ID"] = job_id(env)
+        env.update(profiler_env(self.job.paths, env))  # framework events, when configured
         env["SHOAL_NETWORK_INTERFACE"] = self.interface
         env["MASTER_ADDR"] = self.master_addr
         env["MASTER_PORT"] = self.environ.get("SHOAL_MASTER_PORT", runners.TORCH_MASTER_PORT)

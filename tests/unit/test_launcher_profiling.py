@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from shoal.debugger import FrameworkProfile
 from shoal.launcher import profiling
 from shoal.launcher.paths import JobPaths

@@ -11,13 +11,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
 
 MPIRUN = shutil.which("mpirun")
 HERE = os.path.abspath(__file__)
@@ -194,12 +196,6 @@ def check_big(core, rank, size) -> int:
 
 
 # ---------------------------------------------------------------- the tests
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300, script=HERE):
     env = dict(os.environ)
     env.update({"SHOAL_JOB_ID": uuid.uuid4().hex[:12], "MASTER_ADDR": "127.0.0.1",

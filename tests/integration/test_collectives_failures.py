@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,9 @@ import uuid
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 MPIRUN = shutil.which("mpirun")
@@ -78,12 +80,6 @@ def group_worker(core, comm, data, mode) -> None:
     except CollectiveError as exc:
         print(f"{type(exc).__name__}: {exc} ranks={exc.ranks}", file=sys.stderr, flush=True)
         sys.exit(3)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ranks(size, mode, timeout_s, hosts=None):

@@ -12,6 +12,9 @@ import sys
 import numpy as np
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
+
 pytestmark = [pytest.mark.mpi, pytest.mark.torch, pytest.mark.runtime, pytest.mark.slow]
 
 HERE = os.path.abspath(__file__)
@@ -32,14 +35,6 @@ def run_ranks(n, argv, env=None, timeout=600):
 def mpirun(n, *args, env=None, timeout=600):
     """Run a Python rank program (``args``: script and its arguments) on ``n`` ranks."""
     return run_ranks(n, [sys.executable, *args], env=env, timeout=timeout)
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

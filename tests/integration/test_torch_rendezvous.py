@@ -5,18 +5,14 @@ by one process and bound later by another, so nothing collides with torch's own 
 """
 
 import os
-import socket
 import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
+
 pytestmark = [pytest.mark.torch, pytest.mark.runtime, pytest.mark.slow]
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rank_main(rank, world, init_method, results):

@@ -147,6 +147,18 @@ def _hook_collectives(rec: Recorder) -> None:
 
     if not dist.is_available():
         return
+    backends: dict[int, str] = {}
+
+    def backend_of(group) -> str:
+        # get_backend costs tens of microseconds: once per group
+        key = id(group)
+        if key not in backends:
+            try:
+                backends[key] = str(dist.get_backend(group))
+            except Exception:  # not initialised, or not a member: ask again next time
+                return ""
+        return backends[key]
+
     for name in COLLECTIVES:
         original = getattr(dist, name, None)
         if original is None or getattr(original, "_shoal_profiled", False):
@@ -156,13 +168,9 @@ def _hook_collectives(rec: Recorder) -> None:
             start = time.time()
             result = _original(*args, **kwargs)
             if not kwargs.get("async_op"):
-                group = kwargs.get("group")
-                try:
-                    backend = str(dist.get_backend(group))
-                except Exception:  # not initialised, or not a member
-                    backend = ""
                 rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
-                         bytes=_nbytes(args[0] if args else kwargs.get("tensor")), backend=backend)
+                         bytes=_nbytes(args[0] if args else kwargs.get("tensor")),
+                         backend=backend_of(kwargs.get("group")))
             return result
 
         wrapper._shoal_profiled = True

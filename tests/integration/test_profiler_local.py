@@ -92,7 +92,7 @@ if __name__ == "__main__":
     for w in workers:
         w.start()
     time.sleep(1)
-    allreduce(1000)  # beside preprocessing
+    allreduce(5000)  # beside preprocessing
     stop.set()
     for w in workers:
         w.join()

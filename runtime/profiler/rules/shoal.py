@@ -1,9 +1,9 @@
 """Shoal's own rules, from what the data-parallel library's documentation warns about:
 
 - ``CollectiveCPUContention``: the AllReduce runs on the CPU, so CPU-heavy preprocessing
-  during training slows the collectives. An issue when, at least ``min_collectives`` times,
-  a collective ran while the node's cores were busy above ``cpu_threshold`` percent, and the
-  median of those took ``inflation`` times the fastest collective of the same size class.
+  during training slows the collectives. An issue when seconds in which the node's cores
+  were busy above ``cpu_threshold`` percent and the collectives took on average
+  ``inflation`` times the job's calm speed for their size hold ``min_collectives`` or more.
 - ``CommunicationBound``: the time a step waits for synchronous collectives is above
   ``threshold`` percent of the step (median over at least ``min_steps`` steps).
 - ``SingleNodeDataParallel``: data parallelism among the processes of a single node (the
@@ -60,8 +60,8 @@ class CollectiveCPUContention(Rule):
     def evaluate(self) -> None:
         """Collectives are judged a second at a time against the job's own calm speed (the
         1st percentile of their size class: the calls that had the cores, even in a job that
-        shares its machine all along): a second is contended when its median
-        collective took ``inflation`` x that while the node's cores were busy above
+        shares its machine all along): a second is contended when its collectives took on
+        average ``inflation`` x that while the node's cores were busy above
         ``cpu_threshold``. One slow call is noise; seconds of them are a pattern."""
         by_class: dict[int, list[float]] = defaultdict(list)
         windows: dict[tuple, list[float]] = defaultdict(list)
@@ -78,7 +78,9 @@ class CollectiveCPUContention(Rule):
                 "contended_collectives": 0, "worst_inflation": 0.0})
             if len(durations) < WINDOW_MIN:
                 continue
-            inflation = statistics.median(durations) / max(calm[c], 1e-9)
+            # the mean: preempted calls are where contention loses time (the median of
+            # microsecond calls stays fast while the ranks lose whole time slices)
+            inflation = statistics.fmean(durations) / max(calm[c], 1e-9)
             cpu = self._cpu_at(node, second + 0.5)
             entry["worst_inflation"] = max(entry["worst_inflation"], inflation)
             if cpu is not None and cpu >= self.cpu_threshold and inflation >= self.inflation:

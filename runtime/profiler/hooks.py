@@ -133,6 +133,9 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 
 def _nbytes(value) -> int:
+    """A tensor's, an array's or a list of them's bytes."""
+    if hasattr(value, "nbytes") and not hasattr(value, "numel"):  # numpy
+        return int(value.nbytes)
     if hasattr(value, "element_size") and hasattr(value, "numel"):
         return int(value.element_size() * value.numel())
     if isinstance(value, (list, tuple)):
@@ -213,17 +216,13 @@ def hook_core(rec: Recorder | None = None) -> None:
             start = time.time()
             result = _original(*args, **kwargs)
             rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
-                     bytes=_nbytes_array(args[0] if args else None), backend="shoal-core",
+                     bytes=_nbytes(args[0] if args else None), backend="shoal-core",
                      across_hosts=hosts(kwargs.get("group")) > 1)
             return result
 
         wrapper.__wrapped__ = original
         wrapper.__name__ = name
         setattr(core, name, wrapper)
-
-
-def _nbytes_array(value) -> int:
-    return int(getattr(value, "nbytes", 0) or _nbytes(value))
 
 
 def _hook_dataloader(rec: Recorder) -> None:

@@ -33,11 +33,6 @@ DEFAULT_INTERVAL_MS = 500
 FRAMEWORK_RULES = {rule_table.REPORT, "Dataloader", "OverallFrameworkMetrics"}
 
 
-def enabled(request: dict) -> bool:
-    config = request.get("ProfilerConfig")
-    return bool(config) and not config.get("DisableProfiler", False)
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 

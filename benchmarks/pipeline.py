@@ -96,11 +96,10 @@ def torch_1f1b_step(group, rank, size, width, depth, batch, microbatches):
 
 
 def worker(args) -> None:
+    import smdistributed.modelparallel.torch as smp
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
-
-    import smdistributed.modelparallel.torch as smp
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -1,16 +1,17 @@
-"""The profiler's cost on a training step: the same loop (a DataLoader, an MLP's forward and
-backward, an SGD step, one synchronous all_reduce of the gradients' norm) run without
-profiling and with what a local job turns on:
+"""The profiler's cost on a training step: the same loop (a DataLoader, a DDP-wrapped MLP's
+forward and backward with its bucket allreduces, an SGD step, one synchronous all_reduce of
+the gradients' norm; on Shoal's backend unless ``--backend gloo``) run without profiling and
+with what a local job turns on:
 
-- ``steps``: the default (system monitor beside the process at 500 ms, steps and
-  synchronous collectives recorded from torch's hooks);
+- ``steps``: the default (system monitor beside the process at 500 ms, steps from torch's
+  hooks, and every collective: the backend's own records, DDP's buckets included);
 - ``all``: framework profiling (forward, backward and data-loader spans as well).
 
 Each variant is a fresh process (the hooks are process-wide); the variants alternate, round
 after round, and the figure is the median over rounds of the paired ratio of step times
 (variant / none), as an overhead in percent. The goal is <= 2 % at the defaults.
 
-    .venv/bin/python benchmarks/profiler_overhead.py [--rounds 5] [--steps 200]
+    .venv/bin/python benchmarks/profiler_overhead.py [--rounds 5] [--steps 200] [--backend shoal]
 """
 
 from __future__ import annotations
@@ -29,16 +30,17 @@ HERE = Path(__file__).resolve().parent
 BOOTSTRAP = HERE.parent / "runtime" / "profiler" / "bootstrap"
 
 
-def worker(steps: int, width: int) -> None:
+def worker(steps: int, width: int, backend: str) -> None:
+    import shoal.dataparallel.torch  # noqa: F401 - registers the shoal backend
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0,
+    dist.init_process_group(backend, init_method=f"file://{tempfile.mktemp()}", rank=0,
                             world_size=1)
-    model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(width, width),
-                                                                 torch.nn.ReLU())])
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        *[m for _ in range(4) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(64 * 50, width), torch.randn(64 * 50, width)),
@@ -61,7 +63,7 @@ def worker(steps: int, width: int) -> None:
     dist.destroy_process_group()
 
 
-def run(variant: str, steps: int, width: int, tmp: Path) -> float:
+def run(variant: str, steps: int, width: int, backend: str, tmp: Path) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHOAL_PROFILER")}
     monitor = None
     if variant != "none":
@@ -72,7 +74,7 @@ def run(variant: str, steps: int, width: int, tmp: Path) -> float:
                                     str(out), "--node", "algo-1", "--interval-ms", "500"])
     try:
         done = subprocess.run([sys.executable, __file__, "--worker", "--steps", str(steps),
-                               "--width", str(width)], env=env, capture_output=True, text=True,
+                               "--width", str(width), "--backend", backend], env=env, capture_output=True, text=True,
                               check=True)
     finally:
         if monitor is not None:
@@ -86,19 +88,20 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--backend", default="shoal", choices=("shoal", "gloo"))
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.steps, args.width)
+        worker(args.steps, args.width, args.backend)
         return 0
     variants = ["none", "steps", "all"]
     times = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="shoal-overhead-") as tmp:
         for r in range(args.rounds):
             for v in variants[r % 3:] + variants[:r % 3]:
-                times[v].append(run(v, args.steps, args.width, Path(tmp)))
+                times[v].append(run(v, args.steps, args.width, args.backend, Path(tmp)))
     print(f"profiler overhead, {args.rounds} rounds of {args.steps} steps (MLP 4 x {args.width}, "
-          f"batch 64, one all_reduce per step), {os.cpu_count()} cores")
+          f"batch 64, DDP and one all_reduce per step on {args.backend}), {os.cpu_count()} cores")
     print(f"{'variant':>8} | {'median step ms':>14} | {'overhead %':>10}")
     for v in variants:
         ratio = statistics.median(t / n for t, n in zip(times[v], times["none"]))

@@ -41,6 +41,15 @@ class Event:
     args: dict = attrs.field(factory=dict, eq=False, hash=False)
 
 
+def exposed_time(event: Event) -> float | None:
+    """How long the caller waited on a collective: as recorded (``exposed_s``), the whole
+    span for one timed around a synchronous call (no ``mode``), else unknown (None: queued
+    work nobody waited on in Python, such as DDP's buckets)."""
+    if "exposed_s" in event.args:
+        return float(event.args["exposed_s"])
+    return event.duration if "mode" not in event.args else None
+
+
 def read_metrics(path: Path) -> list[Metric]:
     out = []
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():

@@ -9,11 +9,20 @@ environment; ``install_when_imported`` then waits, at no cost, until the script 
 monitoring alone needs) records the steps only; ``all`` (framework profiling, or rules over
 framework events) adds forward, backward and data-loader spans. A script may also mark its own steps with
 :func:`step` (then optimizer steps are not counted as steps).
+
+Collectives are ``Collective`` spans with their bytes and backend. Shoal's c10d backend
+records its own operations (csrc/activity.h), DDP's buckets included, which no Python
+wrapper sees; a thread here takes them every ``DRAIN_INTERVAL_S`` and at exit. Each says
+how it ran (``mode``: eager on the caller's thread, queued on the core's, transfer), how long
+it queued, and how long a caller waited on it (``exposed_s``; absent for DDP's buckets,
+which the reducer waits on in C++). Other backends' synchronous calls are timed here, as
+the caller's wait.
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import importlib.abc
 import os
 import sys
@@ -24,6 +33,9 @@ from contextlib import contextmanager
 from shoal.profiler.trace import TraceWriter
 
 TRAIN = "Step:ModeKeys.TRAIN"
+SHOAL_BACKENDS = ("shoal", "smddp")
+DRAIN_INTERVAL_S = 1.0
+STEP_ENDS_KEPT = 4096  # records are taken within seconds: older step ends are not needed
 _state = threading.local()
 
 
@@ -36,7 +48,57 @@ class Recorder:
         self.step_num = 0
         self.step_start: float | None = None
         self.manual = False
-        atexit.register(self.writer.close)
+        self.step_ends: list[float] = []  # when recent steps ended, and their numbers
+        self.step_nums: list[int] = []
+        self.drain_lock = threading.Lock()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        self.drain_backend()
+        self.writer.close()
+
+    def step_ended(self, now: float, step_num: int) -> None:
+        self.step_ends.append(now)
+        self.step_nums.append(step_num)
+        if len(self.step_ends) > 2 * STEP_ENDS_KEPT:
+            del self.step_ends[:-STEP_ENDS_KEPT], self.step_nums[:-STEP_ENDS_KEPT]
+
+    def step_at(self, ts: float) -> int:
+        """The step a collective issued at ``ts`` belongs to: the first to end after it."""
+        i = bisect.bisect_left(self.step_ends, ts)
+        return self.step_nums[i] if i < len(self.step_nums) else self.step_num
+
+    def drain_backend(self) -> int:
+        """Writes the operations Shoal's c10d backend recorded since the last call."""
+        backend = sys.modules.get("shoal.dataparallel.torch.backend")
+        if backend is None:
+            return 0
+        with self.drain_lock:
+            records, dropped = backend.take_activity()
+            for name, mode, issued, started, ended, exposed, nbytes, across, ok in records:
+                args = {"step_num": self.step_at(issued / 1e6), "bytes": nbytes,
+                        "backend": "shoal", "mode": mode, "queued_s": (started - issued) / 1e6,
+                        "across_hosts": bool(across)}
+                if exposed >= 0:
+                    args["exposed_s"] = exposed / 1e6
+                if not ok:
+                    args["failed"] = True
+                self.span("Collective", name, started / 1e6, ended / 1e6, **args)
+            if dropped:
+                now = time.time()
+                self.span("Profiler", "collective_records_dropped", now, now, dropped=dropped)
+        return len(records)
+
+    def start_draining(self) -> None:
+        def loop():
+            while True:
+                time.sleep(DRAIN_INTERVAL_S)
+                try:
+                    self.drain_backend()
+                except Exception:  # profiling must never stop a job; the exit drain reports
+                    return
+
+        threading.Thread(target=loop, name="shoal-profiler-drain", daemon=True).start()
 
     def span(self, phase, name, start, end, **args):
         self.writer.span(phase, name, start, end - start, rank=self.rank, **args)
@@ -48,6 +110,7 @@ class Recorder:
         if not self.manual:
             if self.step_start is not None:
                 self.span(TRAIN, "Step", self.step_start, now, step_num=self.step_num)
+            self.step_ended(now, self.step_num)
             self.step_num += 1
         self.step_start = now
 
@@ -78,8 +141,9 @@ def step(step_num: int | None = None, mode: str = "TRAIN"):
     finally:
         if rec is not None:
             rec.manual = True
-            rec.span(f"Step:ModeKeys.{mode}", "Step", start, time.time(),
-                     step_num=rec.step_num if step_num is None else step_num)
+            end, num = time.time(), rec.step_num if step_num is None else step_num
+            rec.span(f"Step:ModeKeys.{mode}", "Step", start, end, step_num=num)
+            rec.step_ended(end, num)
             rec.step_num += 1
 
 
@@ -94,6 +158,7 @@ def install_torch() -> None:
         return
     torch._shoal_profiler_hooked = True
     optim.register_optimizer_step_post_hook(lambda *_: rec.optimizer_stepped())
+    rec.start_draining()
     _hook_collectives(rec)
     hook_core(rec)
     if os.environ.get("SHOAL_PROFILER_EVENTS", "all") == "steps":
@@ -145,7 +210,8 @@ def _nbytes(value) -> int:
 
 def _hook_collectives(rec: Recorder) -> None:
     """Synchronous torch.distributed collectives as ``Collective`` spans: the time the caller
-    waited (what a step loses to communication), the bytes, the backend."""
+    waited (what a step loses to communication), the bytes, the backend. Shoal's backend
+    records its own (see the module's docstring)."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -171,9 +237,12 @@ def _hook_collectives(rec: Recorder) -> None:
             start = time.time()
             result = _original(*args, **kwargs)
             if not kwargs.get("async_op"):
-                rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
-                         bytes=_nbytes(args[0] if args else kwargs.get("tensor")),
-                         backend=backend_of(kwargs.get("group")))
+                backend = backend_of(kwargs.get("group"))
+                if backend.lower() not in SHOAL_BACKENDS:
+                    end = time.time()
+                    rec.span("Collective", _name, start, end, step_num=rec.step_num,
+                             bytes=_nbytes(args[0] if args else kwargs.get("tensor")),
+                             backend=backend, exposed_s=end - start)
             return result
 
         wrapper._shoal_profiled = True
@@ -215,9 +284,10 @@ def hook_core(rec: Recorder | None = None) -> None:
         def wrapper(*args, _original=original, _name=name, **kwargs):
             start = time.time()
             result = _original(*args, **kwargs)
-            rec.span("Collective", _name, start, time.time(), step_num=rec.step_num,
+            end = time.time()
+            rec.span("Collective", _name, start, end, step_num=rec.step_num,
                      bytes=_nbytes(args[0] if args else None), backend="shoal-core",
-                     across_hosts=hosts(kwargs.get("group")) > 1)
+                     across_hosts=hosts(kwargs.get("group")) > 1, exposed_s=end - start)
             return result
 
         wrapper.__wrapped__ = original

@@ -45,10 +45,9 @@ def batch(step: int, replica: int, torch):
 
 
 def worker() -> None:
+    import smdistributed.modelparallel.torch as smp
     import torch
     import torch.nn.functional as F
-
-    import smdistributed.modelparallel.torch as smp
 
     class Net(torch.nn.Module):
         def __init__(self):

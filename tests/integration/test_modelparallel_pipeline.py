@@ -59,10 +59,9 @@ def build_model():
 
 
 def worker() -> None:
+    import smdistributed.modelparallel.torch as smp
     import torch
     import torch.nn.functional as F
-
-    import smdistributed.modelparallel.torch as smp
 
     case = json.loads(os.environ["MP_CASE"])
     smp.init(case["config"])

@@ -5,10 +5,12 @@ their statuses on the job's description and their reports in the output."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 import pytest
 import shoal
 from shoal.debugger import ProfilerRule, rule_configs
+from shoal.profiler import data
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.torch]
 
@@ -128,3 +130,57 @@ def test_cpu_preprocessing_beside_the_cpu_allreduce_is_found(tmp_path, monkeypat
                          ).read_text())
     evidence = report["Details"]["4096 bytes"]
     assert evidence["contended_collectives"] >= 20 and evidence["worst_inflation"] >= 3
+
+
+DDP = """
+import torch, torch.distributed as dist
+import shoal.dataparallel.torch  # noqa: F401 - registers the smddp backend
+dist.init_process_group(backend="smddp")
+torch.manual_seed(0)
+torch.set_num_threads(1)
+class Wide(torch.nn.Module):  # 16 MiB of weights and a sum for compute: the step waits
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(4 << 20))
+    def forward(self, x):
+        return self.w.sum() * x
+ddp = torch.nn.parallel.DistributedDataParallel(Wide())
+opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+for step in range(30):
+    opt.zero_grad()
+    ddp(torch.ones(())).backward()
+    opt.step()
+print("trained", flush=True)
+"""
+
+
+def test_ddp_buckets_are_recorded_by_the_backend_and_judged(tmp_path, monkeypatch):
+    """DDP's allreduces are issued by its C++ reducer and waited on there: Shoal's backend
+    records them itself. Every step of every rank carries all 16 MiB of gradients, queued on
+    the core's thread, and the communication-bound rule judges the wait after the last
+    bucket (most of a step whose compute is a few matrix-vector products)."""
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(DDP)
+    est = shoal.PyTorch(entry_point="train.py", source_dir=str(code),
+                        role="arn:aws:iam::111122223333:role/R", instance_type="local",
+                        instance_count=1, framework_version="1.13.1", py_version="py39",
+                        output_path=(tmp_path / "out").as_uri(),
+                        distribution={"smdistributed": {"dataparallel": {"enabled": True}}},
+                        hyperparameters={"sagemaker_mpi_num_of_processes_per_host": 2})
+    est.fit(job_name="ddp", logs=False)
+    store = data.Store(tmp_path / "out" / "ddp" / "profiler-output")
+    store.load()
+    grads = defaultdict(int)
+    for e in store.events["algo-1"]:
+        if e.phase == "Collective" and e.name == "allreduce":
+            assert (e.args["backend"], e.args["mode"]) == ("shoal", "queued"), e
+            assert "exposed_s" not in e.args  # nobody waited in Python: the reducer did
+            grads[(e.args["rank"], e.args["step_num"])] += e.args["bytes"]
+    assert grads == {(rank, step): 16 << 20 for rank in (0, 1) for step in range(30)}
+    report = json.loads((tmp_path / "out" / "ddp" / "rule-output" / "ShoalRules" /
+                         "profiler-output" / "profiler-reports" / "CommunicationBound.json"
+                         ).read_text())
+    assert report["Details"]["steps_with_overlapped_collectives"] == 60
+    assert report["RuleTriggered"] > 0, report

@@ -63,6 +63,13 @@ def test_module_api_bootstraps_under_plain_mpirun():
     assert out.count("torn down at exit") == 3, out
 
 
+def test_profiling_records_every_operation_with_how_it_ran(tmp_path):
+    """With SHOAL_PROFILER_DIR set the backend records each operation (csrc/activity.h)."""
+    env = {"MASTER_PORT": str(free_port()), "SHOAL_PROFILER_DIR": str(tmp_path)}
+    out = mpirun(2, HERE, "activity", env=env)
+    assert out.count("activity ok") == 2
+
+
 def test_a_dead_rank_fails_the_others_with_shoal_errors():
     """Rank 1 vanishes after init: rank 0's collectives fail with PeerLostError (or a
     timeout) through the module API and torch's own API, and nobody hangs."""
@@ -513,8 +520,50 @@ def main_peer_lost():
     os._exit(0)  # the process group cannot be torn down cleanly without its peer
 
 
+def main_activity():
+    import gc
+
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch
+    import torch.distributed as dist
+    from shoal.dataparallel.torch.backend import take_activity
+
+    setup_env_like_shoal_rank()
+    dist.init_process_group(backend="shoal")
+    rank = dist.get_rank()
+    take_activity()  # what setting up the group issued
+    dist.all_reduce(torch.ones(16))                       # eager: on this thread
+    dist.all_reduce(torch.ones(1 << 20))                  # queued, and waited on
+    work = dist.all_reduce(torch.ones(1 << 20), async_op=True)
+    work.get_future().wait()                              # queued, waited on as a future
+    del work
+    if rank == 0:
+        dist.send(torch.ones(1000), 1)
+    else:
+        dist.recv(torch.empty(1000), 0)
+    dist.barrier()
+    gc.collect()
+    records, dropped = take_activity()
+    records.sort(key=lambda r: r[2])  # recorded when each work goes: in issue order here
+    got = [(name, mode, nbytes, exposed >= 0) for name, mode, _, _, _, exposed, nbytes, _, _
+           in records]
+    p2p = ("send" if rank == 0 else "recv", "transfer", 4000, True)
+    assert got == [("allreduce", "eager", 64, True), ("allreduce", "queued", 4 << 20, True),
+                   ("allreduce", "queued", 4 << 20, False), p2p,
+                   ("barrier", "eager", 0, True)], got
+    for _, mode, issued, started, ended, exposed, _nbytes, across, ok in records:
+        assert issued <= started <= ended and ok and not across, records
+        assert exposed <= ended - issued
+        if mode == "eager":
+            assert exposed == ended - issued
+    assert dropped == 0
+    dist.destroy_process_group()
+    print(f"rank {rank}: activity ok", flush=True)
+
+
 if __name__ == "__main__":
     modes = {
+        "activity": main_activity,
         "collectives": main_collectives,
         "more-collectives": main_more_collectives,
         "subgroups": main_subgroups,

@@ -65,6 +65,42 @@ def test_communication_bound_steps(tmp_path, comm_s, expected):
     assert share == pytest.approx(100 * comm_s / 0.1)
 
 
+def write_ddp_steps(root, node, steps, step_s, tail_s, buckets=4):
+    """DDP as Shoal's backend records it: each step's buckets queued during the backward
+    pass (no caller waits on them: no ``exposed_s``), the last issued ``tail_s`` before the
+    step's collectives end; and one small synchronous broadcast the caller waited on."""
+    trace = TraceWriter(root, node)
+    t = T0
+    for n in range(steps):
+        trace.span("Step:ModeKeys.TRAIN", "Step", t, step_s, step_num=n, rank=0)
+        comm_end = t + step_s - 0.005
+        last_issue = comm_end - tail_s
+        for b in range(buckets):
+            issued = last_issue - (buckets - 1 - b) * 0.01
+            start = max(issued, last_issue - 0.002 * (buckets - b))  # queued behind the others
+            end = comm_end - 0.001 * (buckets - 1 - b)
+            trace.span("Collective", "allreduce", start, end - start, step_num=n, rank=0,
+                       bytes=1 << 20, backend="shoal", mode="queued", queued_s=start - issued)
+        trace.span("Collective", "broadcast", t, 0.001, step_num=n, rank=0, bytes=8,
+                   backend="shoal", mode="eager", queued_s=0.0, exposed_s=0.001)
+        t += step_s
+    trace.close()
+
+
+@pytest.mark.parametrize("tail_s, expected", [(0.05, "IssuesFound"), (0.005, "NoIssuesFound")])
+def test_communication_bound_counts_what_ddp_waits_for_after_its_last_bucket(
+        tmp_path, tail_s, expected):
+    # the buckets span about 40 ms of each 100 ms step, but only the tail after the last
+    # one's issue is waiting: with a 5 ms tail the step is not communication-bound
+    write_ddp_steps(tmp_path, "algo-1", 30, 0.1, tail_s)
+    ev = evaluate(tmp_path, "CommunicationBound")
+    assert status(ev, "CommunicationBound")["RuleEvaluationStatus"] == expected
+    details = result(ev, "CommunicationBound")["Details"]
+    assert details["collective_share_percent"]["p50"] == pytest.approx(
+        100 * (tail_s + 0.001) / 0.1, abs=0.01)
+    assert details["steps_with_overlapped_collectives"] == 30
+
+
 def test_single_node_data_parallel(tmp_path):
     write_steps_with_comm(tmp_path / "one", "algo-1", 20, 0.1, 0.01, ranks=(0, 1))
     write_steps_with_comm(tmp_path / "two", "algo-1", 20, 0.1, 0.01, ranks=(0,))

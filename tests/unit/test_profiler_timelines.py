@@ -7,7 +7,6 @@ import json
 import time
 
 import pytest
-
 from shoal.profiler import data, timelines
 
 pytest.importorskip("torch")

@@ -42,6 +42,15 @@ def _drain_at_exit(extension) -> None:
         atexit.register(extension.drain)
 
 
+def take_activity() -> tuple[list[tuple], int]:
+    """The backend's operations recorded since the last call, with profiling on
+    (``SHOAL_PROFILER_DIR``; see csrc/activity.h), and how many were dropped: nothing
+    before this process created a group on the backend."""
+    if not _draining:
+        return [], 0
+    return _draining[0].take_activity()
+
+
 createProcessGroupShoal = create_process_group  # noqa: N816 - the name c10d backends use
 
 

@@ -95,7 +95,9 @@ def _build_and_load(verbose: bool):
     include_dir = Path(core.include_dir())
     ldflags = list(core.link_flags())
     sources = source_files()
-    digest = source_digest([*sources, *header_files(include_dir)], flags=(*CFLAGS, *ldflags))
+    own_headers = sorted(SOURCES_DIR.glob("*.h"))
+    digest = source_digest([*sources, *own_headers, *header_files(include_dir)],
+                           flags=(*CFLAGS, *ldflags))
     directory = build_directory(cache_root(), torch.__version__, digest)
     with exclusive_lock(directory), _explained(directory):
         return cpp_extension.load(

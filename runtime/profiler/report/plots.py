@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from shoal.profiler.data import Store  # noqa: E402
+from shoal.profiler.data import Store, exposed_time  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
 
@@ -102,15 +102,21 @@ def load_across_ranks(store: Store) -> str | None:
 
 
 def compute_and_collectives(store: Store, max_steps: int = 40) -> str | None:
-    """Each rank's last steps on a timeline, with the time it waited for collectives."""
+    """Each rank's last steps on a timeline, with the time it waited for collectives and,
+    apart, the collectives that ran beside its compute (DDP's buckets)."""
     steps = _steps(store)
     if not steps:
         return None
-    comm = defaultdict(list)
+    comm, overlapped = defaultdict(list), defaultdict(list)
     for node, events in store.events.items():
         for e in events:
-            if e.phase == "Collective":
-                comm[(node, e.args.get("rank", 0))].append((e.start, e.duration))
+            if e.phase != "Collective":
+                continue
+            key, exposed = (node, e.args.get("rank", 0)), exposed_time(e)
+            if exposed is None:
+                overlapped[key].append((e.start, e.duration))
+            elif exposed > 0:  # the wait is the call's last part
+                comm[key].append((e.start + e.duration - exposed, exposed))
     keys = sorted(steps, key=lambda k: (k[0], int(k[1])))
     last = max(s + d for v in steps.values() for s, d, _ in v)
     first = min(s for v in steps.values() for s, _, _ in sorted(v)[-max_steps:])
@@ -118,12 +124,16 @@ def compute_and_collectives(store: Store, max_steps: int = 40) -> str | None:
     for row, key in enumerate(keys):
         bars = [(s - first, d) for s, d, _ in steps[key] if s >= first]
         ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=[COLORS[i % 2] for i in range(len(bars))])
+        beside = [(s - first, d) for s, d in overlapped.get(key, []) if s >= first]
+        if beside:
+            ax.broken_barh(beside, (row + 0.2, 0.15), facecolors=COLORS[2])
         waits = [(s - first, d) for s, d in comm.get(key, []) if s >= first]
         if waits:
             ax.broken_barh(waits, (row - 0.15, 0.3), facecolors=COLORS[3])
     ax.set_yticks(range(len(keys)), [f"{n} rank {r}" for n, r in keys], fontsize=8)
     ax.set_xlim(0, last - first)
-    ax.set_xlabel("seconds (steps alternate in colour; red: waiting for collectives)")
+    ax.set_xlabel("seconds (steps alternate in colour; red: waiting for collectives; "
+                  "thin: collectives beside compute)")
     ax.set_title("Compute and collectives")
     return _svg(fig)
 

@@ -4,8 +4,12 @@
   during training slows the collectives. An issue when seconds in which the node's cores
   were busy above ``cpu_threshold`` percent and the collectives took on average
   ``inflation`` times the job's calm speed for their size hold ``min_collectives`` or more.
-- ``CommunicationBound``: the time a step waits for synchronous collectives is above
-  ``threshold`` percent of the step (median over at least ``min_steps`` steps).
+- ``CommunicationBound``: the time a step waits for collectives is above ``threshold``
+  percent of the step (median over at least ``min_steps`` steps). A collective says how
+  long its caller waited (``exposed_s``); for those nobody waited on in Python (DDP's
+  buckets, waited on by its C++ reducer) a step's wait is the time from the issue of its
+  last such collective to the end of the last: DDP issues its last bucket when the backward
+  pass produced the last gradient, so from there the training thread can only wait.
 - ``SingleNodeDataParallel``: data parallelism among the processes of a single node (the
   library is meant for two nodes or more; inside one node the framework's own path is as good).
 """
@@ -17,6 +21,7 @@ import statistics
 from collections import defaultdict
 
 import numpy as np
+from shoal.profiler.data import exposed_time
 from shoal.profiler.rules.base import Rule, snapshots, stats
 from shoal.profiler.rules.framework import is_step
 
@@ -95,7 +100,7 @@ class CollectiveCPUContention(Rule):
         if getattr(self, "found", 0):
             self.trigger(self.found)
         elif not self.collectives:
-            self.insufficient = "no synchronous collective was recorded"
+            self.insufficient = "no collective was recorded"
 
 
 class CommunicationBound(Rule):
@@ -116,16 +121,27 @@ class CommunicationBound(Rule):
             self.comm += [e for e in node_events if e.phase == "Collective"]
 
     def finish(self):
-        by_step = defaultdict(float)
+        by_step: dict[tuple, float] = defaultdict(float)
+        tails: dict[tuple, list[float]] = {}  # (rank, step): last issue, last end
         for e in self.comm:
-            by_step[(e.args.get("rank"), e.args.get("step_num"))] += e.duration
+            key = (e.args.get("rank"), e.args.get("step_num"))
+            exposed = exposed_time(e)
+            if exposed is not None:
+                by_step[key] += exposed
+                continue
+            issued = e.start - float(e.args.get("queued_s", 0.0))
+            tail = tails.setdefault(key, [issued, e.start + e.duration])
+            tail[0], tail[1] = max(tail[0], issued), max(tail[1], e.start + e.duration)
+        for key, (issued, end) in tails.items():
+            by_step[key] += max(0.0, end - issued)
         shares = [100 * by_step.get((s.args.get("rank"), s.args.get("step_num")), 0.0) / s.duration
                   for s in self.steps if s.duration > 0]
         self.report["Datapoints"] = len(shares)
         if len(shares) < self.min_steps:
             self.insufficient = f"{len(shares)} steps, the rule needs {self.min_steps}"
             return
-        self.report["Details"] = {"collective_share_percent": stats(shares)}
+        self.report["Details"] = {"collective_share_percent": stats(shares),
+                                  "steps_with_overlapped_collectives": len(tails)}
         if statistics.median(shares) > self.threshold:
             self.trigger(sum(share > self.threshold for share in shares))
 

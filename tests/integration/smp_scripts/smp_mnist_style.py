@@ -8,13 +8,12 @@ import argparse
 import os
 
 import numpy as np
+import smdistributed.modelparallel.torch as smp
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 from torch.optim.lr_scheduler import StepLR
-
-import smdistributed.modelparallel.torch as smp
 
 
 class Net1(nn.Module):

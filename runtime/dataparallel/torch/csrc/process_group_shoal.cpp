@@ -25,6 +25,11 @@
 // order: each operation here ends with flush() (an allreduce_coalesced is one
 // fused group), and completion follows the handles through when_done(), which
 // never cuts.
+//
+// Profiling (activity.h): with SHOAL_PROFILER_DIR set, each operation's work
+// leaves a record of its times and bytes when it goes.
+
+#include "activity.h"
 
 #include <shoal/core.h>
 
@@ -38,6 +43,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <condition_variable>
@@ -142,6 +148,11 @@ class ShoalWork : public c10d::Work {
       : c10d::Work(rank, type),
         outputs_(std::move(outputs)),
         future_(c10::make_intrusive<c10::ivalue::Future>(tensor_list_type())) {}
+  ~ShoalWork() override {
+    if (!tracked_ || activity_.ended == 0) return;
+    if (activity_.exposed < 0 && waited_late_.load()) activity_.exposed = 0;
+    ActivityLog::instance().record(std::move(activity_));
+  }
 
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
@@ -151,6 +162,12 @@ class ShoalWork : public c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
 
   bool wait(std::chrono::milliseconds /* timeout: the core's own applies */) override {
+    if (tracked_ && !future_->completed()) {
+      int64_t none = 0;
+      wait_began_.compare_exchange_strong(none, now_us());
+    } else if (tracked_) {
+      waited_late_.store(true);  // it returns at once: nothing exposed
+    }
     // A transfer is driven by the thread that waits on it: no hand-off to another thread.
     if (transfer_) {
       claimed_.store(true);
@@ -171,8 +188,19 @@ class ShoalWork : public c10d::Work {
     return transfer_->source();
   }
 
-  void complete() { future_->markCompleted(c10::IValue(outputs_)); }
-  void fail(std::exception_ptr error) { future_->setError(translate(error)); }
+  void complete() {
+    stamp_end(true);
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  void fail(std::exception_ptr error) {
+    stamp_end(false);
+    future_->setError(translate(error));
+  }
+  // Profiling on: this work leaves `activity` (issue time, bytes, mode set) when it goes.
+  // `last_done` is its group's latest end of an operation.
+  void track(Activity activity, std::shared_ptr<std::atomic<int64_t>> last_done) {
+    activity_ = std::move(activity), last_done_ = std::move(last_done), tracked_ = true;
+  }
   // Runs the copies and completes the future, once, whoever gets here first (the
   // completer thread, or the thread that waits on a transfer).
   void settle(const std::function<void()>& finish) {
@@ -200,6 +228,26 @@ class ShoalWork : public c10d::Work {
   shoal::WorkPtr transfer_;
   std::function<void()> finish_;
   bool isSend_ = false;
+
+  // Once, before the future completes (its waiters may drop the work right after).
+  void stamp_end(bool ok) {
+    if (!tracked_) return;
+    Activity& a = activity_;
+    a.ended = now_us(), a.ok = ok;
+    // point-to-point runs beside the collectives' order: it neither waits for nor delays them
+    const bool in_order = a.mode != "transfer" && last_done_;
+    const int64_t previous = in_order ? last_done_->exchange(a.ended) : 0;
+    a.started = a.mode == "queued" ? std::max(a.issued, std::min(previous, a.ended)) : a.issued;
+    const int64_t began = wait_began_.load();
+    if (a.mode == "eager") a.exposed = a.ended - a.issued;
+    else if (began != 0) a.exposed = std::max<int64_t>(0, a.ended - began);
+  }
+
+  bool tracked_ = false;
+  Activity activity_;
+  std::atomic<int64_t> wait_began_{0};
+  std::atomic<bool> waited_late_{false};
+  std::shared_ptr<std::atomic<int64_t>> last_done_;
 };
 
 struct Pending {
@@ -718,6 +766,7 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
     ++seq_;
     auto work = c10::make_intrusive<ShoalWork>(rank_, OpType::BARRIER, std::vector<at::Tensor>{});
+    track(*work, OpType::BARRIER, 0, "eager");
     try {
       WithoutGil nogil;
       group_->barrier();
@@ -729,6 +778,26 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
  private:
+  // Profiling on: `work` records itself (activity.h) from now, its issue.
+  void track(ShoalWork& work, OpType type, size_t bytes, const char* mode) {
+    if (!activity_on()) return;
+    Activity activity;
+    activity.issued = now_us();
+    activity.name = op_name(type);
+    activity.mode = mode;
+    activity.bytes = static_cast<int64_t>(bytes);
+    activity.across_hosts = across_hosts_;
+    work.track(std::move(activity), last_done_);
+  }
+
+  // torch's name for the operation, as Python spells it: allreduce, allgather_base, send...
+  static std::string op_name(OpType type) {
+    std::string name = c10d::opTypeToString(type);
+    name.erase(0, name.find_first_not_of('_'));
+    for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return name;
+  }
+
   // Runs `body` (which issues the operation's collectives through an Issue and
   // returns the step that copies results into the user's tensors): eagerly on
   // this thread, or queued, as the header says.
@@ -738,6 +807,7 @@ class ProcessGroupShoal : public c10d::Backend {
     ++seq_;
     auto work = c10::make_intrusive<ShoalWork>(rank_, type, std::move(outputs));
     Issue issue(*group_, bytes <= eager_bytes() && group_->idle());
+    track(*work, type, bytes, issue.eager ? "eager" : "queued");
     std::function<void()> finish;
     try {
       if (!issue.eager) {
@@ -773,7 +843,9 @@ class ProcessGroupShoal : public c10d::Backend {
   template <typename Start>
   c10::intrusive_ptr<c10d::Work> transfer(OpType type, std::vector<at::Tensor> tensors, Start&& start,
                                           std::function<void()> finish, bool is_send) {
+    const size_t bytes = total_bytes(tensors);
     auto work = c10::make_intrusive<ShoalWork>(rank_, type, std::move(tensors));
+    track(*work, type, bytes, "transfer");
     shoal::WorkPtr handle;
     try {
       handle = start();
@@ -910,6 +982,9 @@ class ProcessGroupShoal : public c10d::Backend {
   shoal::GroupPtr group_;
   std::function<void()> release_;
   std::atomic<uint64_t> seq_{0};
+  const bool across_hosts_ = group_->topology().num_hosts > 1;
+  // The end of this group's latest operation (profiling: when the next queued one starts).
+  const std::shared_ptr<std::atomic<int64_t>> last_done_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // ---- creating backends --------------------------------------------------------
@@ -980,6 +1055,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     shoal_torch::Completer::instance().drain();
   }, "Wait until every operation completed and its callbacks ran (for interpreter exit).");
   m.doc() = "Shoal's c10d backend over the collective core";
+  m.def("take_activity", [] {
+    auto [records, dropped] = shoal_torch::ActivityLog::instance().take();
+    py::list out;
+    for (const auto& a : records) {
+      out.append(py::make_tuple(a.name, a.mode, a.issued, a.started, a.ended, a.exposed, a.bytes,
+                                a.across_hosts, a.ok));
+    }
+    return py::make_tuple(out, dropped);
+  }, "The operations recorded since the last call (profiling on: SHOAL_PROFILER_DIR), as "
+     "(name, mode, issued_us, started_us, ended_us, exposed_us or -1, bytes, across_hosts, ok), "
+     "and how many were dropped.");
   m.def("create_backend", &shoal_torch::create_backend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("global_ranks"), py::arg("world_size"),
         "A c10d Backend on its own communicator of the core, set up through `store`.");

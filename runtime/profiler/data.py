@@ -7,6 +7,7 @@ framework file is read once it is complete JSON.
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -105,6 +106,9 @@ class Store:
         self.metrics: dict[str, list[Metric]] = defaultdict(list)
         self.events: dict[str, list[Event]] = defaultdict(list)
         self._seen: dict[Path, int] = {}
+        # each node's sample times and event starts, for windows by bisection
+        self._metric_ts: dict[str, list[float]] = {}
+        self._event_ts: dict[str, list[float]] = {}
 
     def load(self) -> None:
         for path in layout.system_files(self.root):
@@ -117,6 +121,7 @@ class Store:
             self.metrics[node] = sorted(
                 {(m.ts, m.name, m.dimension): m for m in [*self.metrics[node], *fresh]}.values(),
                 key=lambda m: (m.ts, m.name, m.dimension))
+            self._metric_ts[node] = [m.ts for m in self.metrics[node]]
         for path in layout.framework_files(self.root):
             if path in self._seen:
                 continue
@@ -124,6 +129,15 @@ class Store:
             node = layout.FRAMEWORK_FILE.search(path.name).group(2)
             self.events[node].extend(read_events(path, node))
             self.events[node].sort(key=lambda e: (e.start, e.name))
+            self._event_ts[node] = [e.start for e in self.events[node]]
+
+    def window(self, start: float, end: float) -> tuple[dict, dict]:
+        """Each node's metrics and events that begin in [start, end)."""
+        def cut(items, times):
+            return items[bisect.bisect_left(times, start): bisect.bisect_left(times, end)]
+
+        return ({n: cut(ms, self._metric_ts.get(n, [])) for n, ms in self.metrics.items()},
+                {n: cut(es, self._event_ts.get(n, [])) for n, es in self.events.items()})
 
     @property
     def nodes(self) -> list[str]:

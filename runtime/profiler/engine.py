@@ -12,7 +12,6 @@ then ``IssuesFound`` or ``NoIssuesFound``; a rule that fails is ``Error`` with i
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 from pathlib import Path
 from typing import Any
@@ -53,11 +52,6 @@ class _Cursor:
         self.error: str | None = None
 
 
-def _slice(items, key, start, end):
-    keys = [key(i) for i in items]
-    return items[bisect.bisect_left(keys, start): bisect.bisect_left(keys, end)]
-
-
 class Evaluation:
     """The rules of one configuration over one job's data."""
 
@@ -86,8 +80,7 @@ class Evaluation:
         start = span[0] if cursor.until is None else cursor.until
         while cursor.error is None and (start + width <= span[1] or (final and start <= span[1])):
             end = start + width
-            metrics = {n: _slice(ms, lambda m: m.ts, start, end) for n, ms in self.store.metrics.items()}
-            events = {n: _slice(es, lambda e: e.start, start, end) for n, es in self.store.events.items()}
+            metrics, events = self.store.window(start, end)
             try:
                 cursor.rule.scan(metrics, events)
             except Exception as error:  # a rule's own failure is its status, not the job's

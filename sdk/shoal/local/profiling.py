@@ -46,6 +46,7 @@ class _Configuration:
         invoke = params.get("rule_to_invoke", "")
         self.evaluation = None
         self.error = None
+        self.report_error = None  # the rules ran, but their HTML report could not be drawn
         known = {*RULES, *SHOAL_RULES, rule_table.REPORT, rule_table.SHOAL_CONFIGURATION}
         if invoke not in known:
             self.error = (f"{invoke or self.name!r} is not a built-in profiler rule that Shoal "
@@ -62,6 +63,8 @@ class _Configuration:
             status, details = "Error", self.error
         else:
             status, details = engine.overall_status(self.evaluation)
+        if self.report_error:
+            details = "; ".join(d for d in (details, f"no profiler-report.html: {self.report_error}") if d)
         return {"RuleConfigurationName": self.name,
                 "RuleEvaluationJobArn": f"local://{self.name}",
                 "RuleEvaluationStatus": status, "StatusDetails": details[:1024],

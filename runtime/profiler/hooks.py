@@ -90,6 +90,10 @@ class Recorder:
         return len(records)
 
     def start_draining(self) -> None:
+        if getattr(self, "draining", False):
+            return
+        self.draining = True
+
         def loop():
             while True:
                 time.sleep(DRAIN_INTERVAL_S)
@@ -379,14 +383,72 @@ def _safe_hook_core() -> None:
         sys.stderr.write(f"shoal profiler: core events off ({error})\n")
 
 
+def install_keras() -> None:
+    """Keras: every ``Model.fit`` gets a callback that records its training batches as steps
+    (and ``evaluate``'s batches as ``Step:ModeKeys.EVAL``). A compiled train function runs
+    the Python of an optimizer only while tracing, so steps come from Keras' own loop."""
+    import keras
+
+    rec = recorder()
+    if rec is None or getattr(keras.Model.fit, "_shoal_profiled", False):
+        return
+    rec.start_draining()
+
+    class StepRecorder(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.began, self.eval_num = 0.0, 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.began = time.time()
+
+        def on_train_batch_end(self, batch, logs=None):
+            rec.manual = True
+            end = time.time()
+            rec.span(TRAIN, "Step", self.began, end, step_num=rec.step_num)
+            rec.step_ended(end, rec.step_num)
+            rec.step_num += 1
+
+        def on_test_batch_begin(self, batch, logs=None):
+            self.began = time.time()
+
+        def on_test_batch_end(self, batch, logs=None):
+            rec.span("Step:ModeKeys.EVAL", "Step", self.began, time.time(), step_num=self.eval_num)
+            self.eval_num += 1
+
+    original = keras.Model.fit
+
+    def fit(self, *args, **kwargs):
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        if not any(isinstance(c, StepRecorder) for c in callbacks):
+            callbacks.append(StepRecorder())
+        return original(self, *args, callbacks=callbacks, **kwargs)
+
+    fit._shoal_profiled = True
+    fit.__wrapped__ = original
+    keras.Model.fit = fit
+
+
+def _safe_install_keras() -> None:
+    try:
+        install_keras()
+    except Exception as error:  # profiling must never stop a job
+        sys.stderr.write(f"shoal profiler: keras steps off ({error})\n")
+
+
 def install_when_imported() -> None:
-    """Hooks torch once ``torch.optim`` is imported, and Shoal's core API once it is."""
+    """Hooks torch once ``torch.optim`` is imported, Keras once it is, and Shoal's core API
+    once it is."""
     if any(isinstance(f, _AfterImport) for f in sys.meta_path):
         return
     if "torch.optim.optimizer" in sys.modules:
         _safe_install()
     else:
         sys.meta_path.insert(0, _AfterImport("torch.optim.optimizer", _after_optimizer_import))
+    if "keras" in sys.modules:
+        _safe_install_keras()
+    else:
+        sys.meta_path.insert(0, _AfterImport("keras", _safe_install_keras))
     if "shoal.dataparallel.core" in sys.modules:
         _safe_hook_core()
     else:

@@ -4,6 +4,7 @@ collectives only; a sitecustomize the bootstrap shadows still runs."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -69,3 +70,34 @@ def test_a_shadowed_sitecustomize_still_runs(tmp_path):
     (other / "sitecustomize.py").write_text("import sys; sys.stderr.write('chained\\\\n')\n")
     _, done = run(tmp_path, "steps", extra_path=str(other))
     assert "chained" in done.stderr
+
+
+KERAS = """
+import importlib.util
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np, keras
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+x, y = np.random.rand(40, 4), np.random.rand(40, 1)
+model.fit(x, y, batch_size=8, epochs=3, validation_data=(x[:16], y[:16]), verbose=0)
+print("trained")
+"""
+
+
+@pytest.mark.tensorflow
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="Keras is not installed")
+def test_keras_fit_batches_are_steps(tmp_path):
+    (tmp_path / "train.py").write_text(KERAS)
+    out = tmp_path / "prof"
+    env = {**os.environ, "SHOAL_PROFILER_DIR": str(out), "SHOAL_PROFILER_EVENTS": "steps",
+           "SHOAL_HOST": "algo-1", "PYTHONPATH": str(BOOTSTRAP), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "trained" in done.stdout, done.stderr[-3000:]
+    store = data.Store(out)
+    store.load()
+    steps = Counter(e.phase for e in store.events["algo-1"])
+    assert steps == {"Step:ModeKeys.TRAIN": 15, "Step:ModeKeys.EVAL": 6}  # 3 x 5 and 3 x 2
+    train = sorted(e.args["step_num"] for e in store.events["algo-1"] if e.phase.endswith("TRAIN"))
+    assert train == list(range(15))

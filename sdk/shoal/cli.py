@@ -400,6 +400,15 @@ def _mount_report_command() -> None:
 _mount_report_command()
 
 
+def _mount_serve_command() -> None:
+    from .server.command import serve
+
+    cli.add_command(serve, name="serve")
+
+
+_mount_serve_command()
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and turn errors into exit codes."""
     try:

@@ -26,9 +26,10 @@ POLL_SECONDS = 0.1
 class LocalBackend:
     """Runs requests whose instance type is ``local`` or ``local_gpu``."""
 
-    def __init__(self, sagemaker_session=None, root: Path | None = None):
+    def __init__(self, sagemaker_session=None, root: Path | None = None, region: str = "local"):
         self.sagemaker_session = sagemaker_session
         self.root = Path(root) if root else None
+        self.region = region  # in the jobs' ARNs
 
     def submit(self, request: dict) -> LocalTrainingJob:
         paths = layout.JobPaths.for_job(request["TrainingJobName"], self.root)
@@ -39,7 +40,7 @@ class LocalBackend:
         _check_local_sources(request)
         paths.job_dir.mkdir(parents=True)
         paths.request_file.write_text(_dumps(request))
-        record = state.initial(request)
+        record = state.initial(request, self.region)
         state.write(paths.state_file, record)
         runner = process.spawn_runner(paths.job_dir, paths.log_file)
         # Its own file: the supervisor owns job.json from now on.

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import InputError
-from . import layout, process, state, storage
+from . import layout, log_streams, process, state, storage
 
 FAILURE_LIMIT = 1024
 TIMEOUT_EXIT = 124  # simulate.run_job's code when MaxRuntimeInSeconds ran out
@@ -101,8 +101,17 @@ class Supervisor:
         if self.profiler is not None:
             environment = self.profiler.environment(environment)
             self.profiler.start(on_change=self.record_rules)
-        return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
-                                env=environment, output=host_line)
+        streams = log_streams.StreamWriter(self.paths.job_dir)
+
+        def output(host: str, line: str) -> None:
+            streams.write(host, line)
+            host_line(host, line)
+
+        try:
+            return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
+                                    env=environment, output=output)
+        finally:
+            streams.close()
 
     def record_rules(self, statuses: list[dict]) -> None:
         record = state.read(self.paths.state_file)

@@ -277,3 +277,62 @@ def test_the_aws_cli_submits_waits_describes_reads_logs_and_stops(server, code, 
     cli("sagemaker", "wait", "training-job-completed-or-stopped", "--training-job-name", "cli-slow")
     bad = cli("sagemaker", "describe-training-job", "--training-job-name", "nope", check=False)
     assert bad.returncode != 0 and "ValidationException" in bad.stderr
+
+
+@pytest.fixture
+def local_s3():
+    from moto.server import ThreadedMotoServer
+
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    yield f"http://{host}:{port}"
+    moto.stop()
+
+
+def test_sagemaker_sdk_v2_pytorch_fit_with_two_instances_and_s3_data(tmp_path, code, local_s3,
+                                                                      monkeypatch, capsys):
+    """SDK v2, unchanged, pointed at the endpoint by the environment alone: its S3 uploads,
+    STS and the job's own S3 reads and writes go to a local S3 server; fit(logs=True)
+    follows both hosts' streams until the job completes."""
+    sagemaker = pytest.importorskip("sagemaker")
+    from sagemaker.pytorch import PyTorch
+
+    aws = {**FAKE_KEYS, "AWS_ENDPOINT_URL_S3": local_s3}
+    # the SDK's telemetry calls AWS itself: off, as a user without network would have it
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
+                      "      TelemetryOptOut: true\n")
+    s = Server(tmp_path / "jobs", env=aws)
+    try:
+        for key, value in {**aws, "AWS_ENDPOINT_URL_SAGEMAKER": s.url,
+                           "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": s.url,
+                           "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+                           "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}.items():
+            monkeypatch.setenv(key, value)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="training-data")
+        for name in ("a.csv", "b.csv"):
+            s3.put_object(Bucket="training-data", Key=f"digits/{name}", Body=b"1,2\n")
+        # a named bucket: the SDK's default one is named from STS, which it calls at a fixed
+        # regional URL (no endpoint variable reaches it)
+        session = sagemaker.Session(boto3.Session(region_name="us-east-1"),
+                                    default_bucket="sagemaker-local-artifacts")
+        estimator = PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
+                            instance_count=2, instance_type="ml.m5.xlarge",
+                            framework_version="2.0.1", py_version="py310",
+                            sagemaker_session=session, base_job_name="sdk-v2")
+        estimator.fit({"train": "s3://training-data/digits"}, logs=True)
+        printed = capsys.readouterr().out
+        job = estimator.latest_training_job.describe()
+        assert job["TrainingJobStatus"] == "Completed"
+        model = estimator.model_data
+        assert model.startswith(f"s3://{session.default_bucket()}/") and model.endswith(
+            f"{job['TrainingJobName']}/output/model.tar.gz")
+        bucket, key = model[len("s3://"):].split("/", 1)
+        s3.head_object(Bucket=bucket, Key=key)
+        for host in ("algo-1", "algo-2"):  # every host's lines, as the SDK prints them
+            assert f"hello from {host}" in printed
+            assert f"{host} sees ['a.csv', 'b.csv']" in printed
+    finally:
+        s.stop()

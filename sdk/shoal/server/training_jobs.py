@@ -8,6 +8,7 @@ is in a session of its own) outlives the server. Tags live beside the job (``tag
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,8 +29,9 @@ MAX_TAGS = 50
 JOB_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 
 
-def _shape_members(name: str) -> tuple[str, ...]:
-    return tuple(service_model("sagemaker").shape_for(name).members)
+@functools.cache
+def _shape_members(name: str) -> frozenset[str]:
+    return frozenset(service_model("sagemaker").shape_for(name).members)
 
 
 class TrainingJobs:

@@ -43,3 +43,11 @@ def test_pytorch_model_parallel_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
     text = outputs(run_notebook(NOTEBOOKS / "pytorch_model_parallel.ipynb"))
     assert "next-token accuracy" in text and "model.tar.gz" in text
+
+
+def test_boto3_endpoint_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    text = outputs(run_notebook(NOTEBOOKS / "boto3_endpoint.ipynb"))
+    assert "Completed file://" in text and "model.tar.gz" in text
+    for host in ("algo-1", "algo-2"):
+        assert f"{host}: fitted slope 3.000 on 100 points" in text

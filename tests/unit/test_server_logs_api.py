@@ -232,6 +232,19 @@ def test_an_unfinished_line_is_not_an_event_until_its_newline(api, root):
     assert [(e["timestamp"], e["message"]) for e in later["events"]] == [(ms(9), "half a line")]
 
 
+def test_a_character_split_across_writes_is_read_whole(api, root):
+    path = stream_file(root / JOB, "algo-1")
+    raw = f"{ms(9)}\tcaf\u00e9 \u2713\n".encode()
+    cut = raw.index("\u00e9".encode()) + 1  # inside the two bytes of the accented letter
+    with open(path, "ab") as handle:
+        handle.write(raw[:cut])
+    token = api.GetLogEvents(group(logStreamName=STREAM_1, startFromHead=True))["nextForwardToken"]
+    with open(path, "ab") as handle:
+        handle.write(raw[cut:])
+    out = api.GetLogEvents(group(logStreamName=STREAM_1, nextToken=token))
+    assert messages(out["events"]) == ["caf\u00e9 \u2713"]
+
+
 # -- FilterLogEvents -------------------------------------------------------------------------
 def test_filter_merges_the_hosts_by_time(api):
     out = api.FilterLogEvents(group(logStreamNamePrefix=f"{JOB}/"))

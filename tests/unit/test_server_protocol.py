@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 
@@ -156,7 +157,17 @@ def test_encode_writes_aware_datetimes_as_epoch_seconds():
     assert out == {"CreationTime": 1704164645.25, "Other": 1704164645.25}
 
 
-def test_encode_reads_naive_datetimes_as_utc():
+@pytest.fixture(params=["UTC0", "EST5", "IST-5:30"])  # POSIX zones: no tz database needed
+def local_zone(request, monkeypatch):
+    monkeypatch.setenv("TZ", request.param)
+    time.tzset()
+    yield request.param
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_encode_reads_naive_datetimes_as_utc_whatever_the_local_zone(local_zone):
+    assert (time.timezone != 0) == (local_zone != "UTC0")
     out = json.loads(protocol.encode({"T": dt.datetime(2024, 1, 2, 3, 4, 5)}))
     assert out == {"T": 1704164645}
 

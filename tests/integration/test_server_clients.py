@@ -336,3 +336,35 @@ def test_sagemaker_sdk_v2_pytorch_fit_with_two_instances_and_s3_data(tmp_path, c
             assert f"{host} sees ['a.csv', 'b.csv']" in printed
     finally:
         s.stop()
+
+
+def test_shoals_own_sdk_runs_a_sagemaker_job_through_the_endpoint(tmp_path, code, local_s3,
+                                                                   monkeypatch, capsys):
+    """Shoal's estimator with a SageMaker instance type, pointed at the endpoint by the same
+    variables: staging to S3, the request, and its own log follower, unchanged."""
+    import shoal
+
+    aws = {**FAKE_KEYS, "AWS_ENDPOINT_URL_S3": local_s3, "AWS_ENDPOINT_URL_STS": local_s3}
+    s = Server(tmp_path / "jobs", env=aws)
+    try:
+        for key, value in {**aws, "AWS_ENDPOINT_URL_SAGEMAKER": s.url,
+                           "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": s.url}.items():
+            monkeypatch.setenv(key, value)
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="shoal-out")
+        estimator = shoal.PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
+                                  instance_type="ml.m5.xlarge", instance_count=2,
+                                  image_uri=IMAGE, output_path="s3://shoal-out/jobs",
+                                  code_location="s3://shoal-out/code",
+                                  sagemaker_session=shoal.Session(
+                                      boto3.Session(region_name="us-east-1")))
+        estimator.fit(job_name="shoal-sdk-job", logs=True)
+        printed = capsys.readouterr()
+        job = estimator.latest_training_job.describe()
+        assert job["TrainingJobStatus"] == "Completed"
+        assert estimator.model_data == "s3://shoal-out/jobs/shoal-sdk-job/output/model.tar.gz"
+        boto3.client("s3", region_name="us-east-1").head_object(
+            Bucket="shoal-out", Key="jobs/shoal-sdk-job/output/model.tar.gz")
+        both = printed.out + printed.err
+        assert "hello from algo-1" in both and "hello from algo-2" in both
+    finally:
+        s.stop()

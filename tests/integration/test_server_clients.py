@@ -368,3 +368,34 @@ def test_shoals_own_sdk_runs_a_sagemaker_job_through_the_endpoint(tmp_path, code
         assert "hello from algo-1" in both and "hello from algo-2" in both
     finally:
         s.stop()
+
+
+def test_a_restarted_server_knows_every_job_and_a_running_job_survives_it(tmp_path, code):
+    first = Server(tmp_path / "jobs")
+    try:
+        sm = first.client("sagemaker")
+        sm.create_training_job(**request("done-before", code, tmp_path / "out", hosts=1))
+        sm.get_waiter("training_job_completed_or_stopped").wait(
+            TrainingJobName="done-before", WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+        sm.create_training_job(**request("spans-restart", code, tmp_path / "out", hosts=2,
+                                         SLEEP=8))
+        deadline = time.monotonic() + 120
+        while sm.describe_training_job(TrainingJobName="spans-restart")["SecondaryStatus"] != "Training":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        first.stop()
+    second = Server(tmp_path / "jobs")
+    try:
+        sm, logs = second.client("sagemaker"), second.client("logs")
+        assert sm.describe_training_job(TrainingJobName="spans-restart")["TrainingJobStatus"] == \
+            "InProgress"
+        sm.get_waiter("training_job_completed_or_stopped").wait(
+            TrainingJobName="spans-restart", WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+        names = sorted(j["TrainingJobName"] for j in
+                       sm.list_training_jobs(StatusEquals="Completed")["TrainingJobSummaries"])
+        assert names == ["done-before", "spans-restart"]
+        lines = stream_lines(logs, "spans-restart")
+        assert all(f"hello from {h}" in lines[h] for h in ("algo-1", "algo-2"))
+    finally:
+        second.stop()

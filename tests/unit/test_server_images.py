@@ -5,7 +5,6 @@ anything else is refused with a ValidationException naming the URI."""
 from __future__ import annotations
 
 import pytest
-
 from shoal import image_uris
 from shoal.server.api_errors import ValidationException
 from shoal.server.images import TrainingImage, recognise

@@ -8,7 +8,6 @@ still being written is not an event yet."""
 from __future__ import annotations
 
 import pytest
-
 from shoal.local.log_streams import LOG_GROUP, StreamWriter, stream_file
 from shoal.server.api_errors import InvalidParameterException, LogsResourceNotFound
 from shoal.server.logs_api import LogsApi
@@ -120,6 +119,20 @@ def test_a_log_group_given_by_its_arn_is_found(api):
 def test_a_job_without_streams_has_none(api, root):
     (root / "empty-job").mkdir()
     assert api.DescribeLogStreams(group(logStreamNamePrefix="empty-job/")) == {"logStreams": []}
+
+
+@pytest.mark.parametrize("prefix", ["../", "./", "/"])
+def test_describe_log_streams_never_lists_outside_the_jobs(tmp_path, prefix):
+    root = tmp_path / "root"
+    # a job's stream, and stream files in <root>/../streams and <root>/streams: no job's
+    for job_dir, host in ((root / JOB, "algo-1"), (tmp_path, "algo-1"), (root, "algo-9")):
+        writer = StreamWriter(job_dir)
+        writer.write(host, f"a line in {job_dir}", at=T0)
+        writer.close()
+    api = LogsApi(root)
+    assert api.DescribeLogStreams(group(logStreamNamePrefix=prefix)) == {"logStreams": []}
+    assert [s["logStreamName"] for s in api.DescribeLogStreams(group())["logStreams"]] == [
+        f"{JOB}/algo-1-{T0}"]
 
 
 def test_a_bad_describe_token_is_refused(api):

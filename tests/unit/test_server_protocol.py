@@ -10,7 +10,6 @@ import json
 import time
 
 import pytest
-
 from shoal.server import protocol
 from shoal.server.api_errors import UnknownOperationException, ValidationException
 

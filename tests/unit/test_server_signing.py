@@ -10,7 +10,6 @@ import pytest
 from botocore.auth import SIGV4_TIMESTAMP, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-
 from shoal.server.api_errors import (
     InvalidSignatureException,
     MissingAuthenticationToken,

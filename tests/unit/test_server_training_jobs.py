@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-
 from shoal.local import state
 from shoal.server import images
 from shoal.server.api_errors import ResourceInUse, ResourceNotFound, ValidationException
@@ -272,3 +271,9 @@ def test_create_with_an_existing_name_in_any_case_is_in_use(jobs, name):
     assert record["TrainingJobArn"] in caught.value.message
     assert [p.name for p in jobs.root.iterdir()] == ["existing-job"]
     assert state.read(jobs.root / "existing-job" / "job.json")["TrainingJobStatus"] == "Completed"
+
+
+def test_a_submission_that_never_finished_still_takes_its_name(tmp_path):
+    (tmp_path / "half-made").mkdir()  # a job directory without its record
+    with pytest.raises(ResourceInUse, match=r"already exists \(half-made\)"):
+        TrainingJobs(tmp_path).CreateTrainingJob(request("half-made", DLC_IMAGE))

@@ -12,7 +12,8 @@ import attrs
 from .api_errors import ValidationException
 
 # [registry/]repository:tag; the registry is optional (a local build has none)
-_URI = re.compile(r"^(?:(?P<registry>[^/]+\.[^/]+)/)?(?P<repository>[a-z0-9._/-]+):(?P<tag>[\w.-]+)$")
+_URI = re.compile(r"^(?:(?P<registry>[^/]+[.:][^/]+|localhost)/)?(?P<repository>[a-z0-9._/-]+)"
+                  r":(?P<tag>[\w.-]+)$")
 _SHOAL_REPOSITORY = re.compile(r"^(?:.*/)?shoal-(?P<framework>pytorch|tensorflow)-training$")
 _DLC_REPOSITORY = re.compile(r"^(?P<framework>pytorch|tensorflow)-training$")
 # 2.0.1-gpu-py310-cu118-ubuntu20.04-sagemaker, 2.13.0-cpu-py310-ubuntu20.04-sagemaker, 1.13.1-cpu-py39

@@ -110,7 +110,7 @@ class LogsApi:
     def _job_dirs(self, prefix: str) -> list[Path]:
         job = prefix.split("/", 1)[0]
         if "/" in prefix:
-            candidates = [self.root / job]
+            candidates = [self.root / job] if job not in ("", ".", "..") else []  # in the root only
         else:
             candidates = sorted(self.root.glob(f"{glob_escape(job)}*")) if self.root.exists() else []
         return [d for d in candidates if (d / log_streams.STREAMS_DIR).is_dir()]

@@ -54,10 +54,14 @@ class TrainingJobs:
         name = params["TrainingJobName"]
         with self.create_lock:
             existing = self._find(name)
+            if existing is None and (self.root / name).exists():
+                existing = self.root / name  # a submission that never finished: still taken
             if existing is not None:
+                which = (self._record(existing)["TrainingJobArn"]
+                         if (existing / "job.json").exists() else existing.name)
                 raise ResourceInUse(f"Training job names must be unique within an AWS account "
                                     f"and region, and a training job with this name already "
-                                    f"exists ({self._record(existing)['TrainingJobArn']})")
+                                    f"exists ({which})")
             try:
                 job = self.backend.submit(params)
             except ShoalError as error:

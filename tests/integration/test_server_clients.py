@@ -399,3 +399,34 @@ def test_a_restarted_server_knows_every_job_and_a_running_job_survives_it(tmp_pa
         assert all(f"hello from {h}" in lines[h] for h in ("algo-1", "algo-2"))
     finally:
         second.stop()
+
+
+def test_the_shoal_cli_and_the_endpoint_see_the_same_jobs(server, code, tmp_path):
+    sm = server.client("sagemaker")
+    sm.create_training_job(**request("seen-both", code, tmp_path / "out", hosts=2))
+    sm.get_waiter("training_job_completed_or_stopped").wait(
+        TrainingJobName="seen-both", WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+    env = {**os.environ, "SHOAL_LOCAL_ROOT": str(tmp_path / "jobs")}
+
+    def shoal(*args):
+        done = subprocess.run([sys.executable, "-m", "shoal.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    listed = json.loads(shoal("list", "--output", "json"))
+    assert [j["Handle"] for j in listed] == ["local://seen-both"]
+    assert json.loads(shoal("status", "local://seen-both", "--output", "json"))[
+        "TrainingJobStatus"] == "Completed"
+    printed = shoal("logs", "local://seen-both")
+    assert "hello from algo-1" in printed and "hello from algo-2" in printed
+
+    sm.create_training_job(**request("stopped-by-cli", code, tmp_path / "out", hosts=1,
+                                     SLEEP=300))
+    deadline = time.monotonic() + 120
+    while sm.describe_training_job(TrainingJobName="stopped-by-cli")["SecondaryStatus"] != "Training":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    shoal("stop", "local://stopped-by-cli", "--wait")
+    assert sm.describe_training_job(TrainingJobName="stopped-by-cli")["TrainingJobStatus"] == \
+        "Stopped"

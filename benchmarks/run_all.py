@@ -7,7 +7,8 @@ allreduce.py, p2p.py and reduce_scatter.py under mpirun in two configurations,
 SHOAL_HOST, so its inter-host path runs over TCP); --rounds applies to the three,
 --sizes to allreduce.py. framework_step.py (FSDP, 1F1B) and ddp_step.py under
 mpirun with 2 ranks; exchange_floor.py compiles and runs its C++ program;
-local_startup.py starts its own local job.
+local_startup.py starts its own local job; profiler_overhead.py and serve_load.py start
+their own processes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
     runs.append(("two-core exchange floor", [sys.executable, str(HERE / "exchange_floor.py")]))
     if (HERE / "local_startup.py").exists():
         runs.append(("local-mode startup", [sys.executable, str(HERE / "local_startup.py")]))
+    runs.append(("profiler overhead", [sys.executable, str(HERE / "profiler_overhead.py"),
+                                       "--rounds", "9"]))
+    runs.append(("shoal serve under load", [sys.executable, str(HERE / "serve_load.py")]))
     return runs
 
 

@@ -2,7 +2,12 @@
 (``DescribeLogStreams`` + ``GetLogEvents``, as SageMaker SDK v2's follower does) while jobs
 are submitted and run; every request timed.
 
-    .venv/bin/python benchmarks/serve_load.py [--clients 50] [--jobs 10] [--processes 5]
+    .venv/bin/python benchmarks/serve_load.py [--clients 50] [--jobs 10] [--poll 1.0]
+
+Each client polls every ``--poll`` seconds (SageMaker SDK v2's follower polls its streams every
+10 s and the job every 30 s at most; the CLI's waiter every 120 s): a round is one
+DescribeTrainingJob, one DescribeLogStreams and one GetLogEvents per stream, from the token
+the last round left, as the follower reads.
 
 The clients are threads spread over ``--processes`` processes (boto3 costs CPU per call: one
 process's lock would time the clients, not the endpoint). A client learns the jobs from
@@ -71,10 +76,10 @@ class Timings:
                 self.seconds.append(time.perf_counter() - start)
 
 
-def clients(url: str, count: int, stop, results) -> None:
+def clients(url: str, count: int, poll: float, stop, results) -> None:
     """One process's clients; its timings and failures go to ``results`` at the end."""
     timings = Timings()
-    threads = [threading.Thread(target=client_loop, args=(url, stop, timings, n))
+    threads = [threading.Thread(target=client_loop, args=(url, stop, timings, n, poll))
                for n in range(count)]
     for t in threads:
         t.start()
@@ -83,7 +88,7 @@ def clients(url: str, count: int, stop, results) -> None:
     results.put((timings.seconds, timings.failures))
 
 
-def client_loop(url: str, stop, timings: Timings, n: int):
+def client_loop(url: str, stop, timings: Timings, n: int, poll: float):
     config = Config(retries={"max_attempts": 1})  # a retry would hide a failure
     kw = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="k",
               aws_secret_access_key="s", config=config)
@@ -97,7 +102,7 @@ def client_loop(url: str, stop, timings: Timings, n: int):
             known = [j["TrainingJobName"] for j in (listed or {}).get("TrainingJobSummaries", [])]
         if not known:
             i += 1
-            time.sleep(0.1)
+            stop.wait(0.1)
             continue
         job = known[i % len(known)]
         i += 1
@@ -111,7 +116,7 @@ def client_loop(url: str, stop, timings: Timings, n: int):
                                 startFromHead=True, **extra)
             if page:
                 tokens[name] = page["nextForwardToken"]
-        time.sleep(0.1)  # a follower's poll; 50 of them: hundreds of requests a second
+        stop.wait(poll)
 
 
 def main(argv=None) -> int:
@@ -119,6 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--jobs", type=int, default=10)
     parser.add_argument("--processes", type=int, default=5)
+    parser.add_argument("--poll", type=float, default=1.0)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shoal-serve-load-") as tmp:
         tmp = Path(tmp)
@@ -134,7 +140,7 @@ def main(argv=None) -> int:
         stop, results = context.Event(), context.Queue()
         shares = [args.clients // args.processes + (k < args.clients % args.processes)
                   for k in range(args.processes)]
-        workers = [context.Process(target=clients, args=(url, n, stop, results))
+        workers = [context.Process(target=clients, args=(url, n, args.poll, stop, results))
                    for n in shares if n]
         cpu0, wall0 = sum(proc.cpu_times()[:2]), time.monotonic()
         for w in workers:

@@ -27,6 +27,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -131,6 +132,8 @@ def clients(url: str, count: int, poll: float, stop, results) -> None:
 
 def client_loop(url: str, stop, timings: Timings, n: int, poll: float):
     client = Client(url, timings)
+    jitter = random.Random(n)
+    stop.wait(jitter.uniform(0, poll))  # followers are not in step with one another
     tokens: dict[str, str] = {}
     known: list[str] = []
     i = n
@@ -155,7 +158,7 @@ def client_loop(url: str, stop, timings: Timings, n: int, poll: float):
                 "logGroupName": GROUP, "logStreamName": name, "startFromHead": True, **extra})
             if page:
                 tokens[name] = page["nextForwardToken"]
-        stop.wait(poll)
+        stop.wait(poll * jitter.uniform(0.9, 1.1))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -154,7 +154,7 @@ def run_job(
         shutil.rmtree(session_tmp, ignore_errors=True)
 
 
-def _relay(host: str, pipe, output: Output) -> threading.Thread:
+def relay_lines(host: str, pipe, output: Output) -> threading.Thread:
     def run():
         with pipe:
             for raw in iter(pipe.readline, b""):
@@ -165,7 +165,7 @@ def _relay(host: str, pipe, output: Output) -> threading.Thread:
     return thread
 
 
-def _wait_hosts(procs: Sequence[subprocess.Popen], timeout: float | None, grace: float) -> bool:
+def wait_hosts(procs: Sequence[subprocess.Popen], timeout: float | None, grace: float) -> bool:
     """Wait for every host; False on timeout. As on SageMaker, a host that fails ends the
     job: the others get ``grace`` seconds to finish (and to learn the outcome from the
     master), then they are stopped."""
@@ -194,9 +194,9 @@ def _run_hosts(job_root, hosts, base, timeout, python, grace, output) -> int:
         argv = [python, "-m", "shoal.launcher.entrypoint"]
         procs.append(subprocess.Popen(argv, env=host_env, **pipes))
         if output:
-            relays.append(_relay(host, procs[-1].stdout, output))
+            relays.append(relay_lines(host, procs[-1].stdout, output))
     try:
-        if not _wait_hosts(procs, timeout, grace):
+        if not wait_hosts(procs, timeout, grace):
             return 124
     except BaseException:
         _end(procs, grace)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,9 @@ class LocalBackend:
             raise ConfigError(f"a local job named {request['TrainingJobName']!r} already exists "
                               f"in {paths.job_dir}")
         layout.host_names(request)  # refuse a malformed request before anything runs
+        from ..local.runner import network_mode
+
+        network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
         _check_local_sources(request)
         paths.job_dir.mkdir(parents=True)
         paths.request_file.write_text(_dumps(request))

@@ -105,8 +105,9 @@ def host_names(request: dict) -> list[str]:
     return [host for group in instance_groups(request) for host in group["hosts"]]
 
 
-def resource_config(request: dict, host: str) -> dict:
-    """``resourceconfig.json`` for ``host``, with the keys SageMaker writes."""
+def resource_config(request: dict, host: str, interface: str = LOCAL_NETWORK_INTERFACE) -> dict:
+    """``resourceconfig.json`` for ``host``, with the keys SageMaker writes; ``interface``:
+    ``eth0`` for hosts in network namespaces of their own."""
     groups = instance_groups(request)
     own = next(g for g in groups if host in g["hosts"])
     return {
@@ -115,7 +116,7 @@ def resource_config(request: dict, host: str) -> dict:
         "current_group_name": own["instance_group_name"],
         "hosts": host_names(request),
         "instance_groups": groups,
-        "network_interface_name": LOCAL_NETWORK_INTERFACE,
+        "network_interface_name": interface,
     }
 
 
@@ -144,11 +145,12 @@ def hyperparameters(request: dict) -> dict:
     return dict(request.get("HyperParameters") or {})
 
 
-def config_files(request: dict, host: str) -> dict[str, dict]:
+def config_files(request: dict, host: str, interface: str = LOCAL_NETWORK_INTERFACE
+                 ) -> dict[str, dict]:
     """The three config files of ``host``, by file name."""
     return {
         "hyperparameters.json": hyperparameters(request),
-        "resourceconfig.json": resource_config(request, host),
+        "resourceconfig.json": resource_config(request, host, interface),
         "inputdataconfig.json": input_data_config(request),
     }
 

@@ -10,6 +10,7 @@ and the job ends as Stopped. Its output is the job's log (``logs.txt``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ class Supervisor:
         self.request = json.loads(self.paths.request_file.read_text())
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
+        self.network = network_mode(os.environ)
         self.profiler = None
         config = self.request.get("ProfilerConfig") or {}
         if config and not config.get("DisableProfiler", False):
@@ -55,7 +57,8 @@ class Supervisor:
         for host in self.hosts:
             config = self.paths.config_dir(host)
             config.mkdir(parents=True, exist_ok=True)
-            for name, content in layout.config_files(self.request, host).items():
+            interface = "eth0" if self.network == "namespaces" else layout.LOCAL_NETWORK_INTERFACE
+            for name, content in layout.config_files(self.request, host, interface).items():
                 (config / name).write_text(json.dumps(content, indent=1))
             for sub in ("model", "output/data", "code"):
                 (self.paths.host_dir(host) / sub).mkdir(parents=True, exist_ok=True)
@@ -107,9 +110,18 @@ class Supervisor:
             streams.write(host, line)
             host_line(host, line)
 
+        run = simulate.run_job
+        if self.network == "namespaces":
+            from .network import hosts as namespaced
+            from .network.links import LinkSpec
+
+            link = LinkSpec.parse(os.environ.get("SHOAL_LOCAL_LINK"))
+            say(f"hosts in network namespaces of their own (link: "
+                f"{link.describe() if link else 'unshaped'})")
+            run = functools.partial(namespaced.run_job, link=link)
         try:
-            return simulate.run_job(str(self.paths.job_dir), self.hosts, timeout=limit,
-                                    env=environment, output=output)
+            return run(str(self.paths.job_dir), self.hosts, timeout=limit, env=environment,
+                       output=output)
         finally:
             streams.close()
 
@@ -200,6 +212,18 @@ class Supervisor:
 
 class StopRequested(BaseException):
     """Raised in the supervisor's main thread by SIGTERM/SIGINT (BaseException: not a failure)."""
+
+
+NETWORK_MODES = ("loopback", "namespaces")
+
+
+def network_mode(environ) -> str:
+    """``SHOAL_LOCAL_NETWORK``: ``loopback`` (simulated hosts, the default) or ``namespaces``."""
+    mode = environ.get("SHOAL_LOCAL_NETWORK") or "loopback"
+    if mode not in NETWORK_MODES:
+        raise InputError(f"'SHOAL_LOCAL_NETWORK' must be one of {', '.join(NETWORK_MODES)} "
+                         f"(got {mode!r})")
+    return mode
 
 
 def end_descendants() -> None:

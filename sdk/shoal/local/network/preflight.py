@@ -49,3 +49,14 @@ def has_netem(namespace: str) -> bool:
         return done.returncode == 0
     finally:
         subprocess.run(["ip", "-n", namespace, "link", "delete", "probe0"], capture_output=True)
+
+
+def has_netem_here() -> bool:
+    """``has_netem`` in a namespace of its own, removed after."""
+    name = f"shoal-probe-{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
+        return False
+    try:
+        return has_netem(name)
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)

@@ -1,0 +1,146 @@
+"""Running a local job's hosts in namespaces: the path a SageMaker job takes.
+
+Each host runs in its network namespace (``namespaces``) and in mount and UTS namespaces of
+its own, where its hostname is ``algo-N`` and the job's tree for it is mounted at ``/opt/ml``,
+as in a SageMaker container. There it starts its own sshd (the job's host key; the job's
+key pair, made for this job and removed with it, is the only one it accepts) and then
+``train``, with no simulation switch: the master waits for its workers over the status port
+and port 22, and runs mpirun, which starts the other hosts' ranks over SSH. When the job
+ends, however it ends, every process in the namespaces is ended and the namespaces removed.
+
+The machine needs ``/opt/ml`` as a mount point (created empty if missing).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from shoal.launcher import simulate
+
+from . import preflight
+from .links import LinkSpec
+from .namespaces import JobNetwork, list_namespaces
+
+MOUNT_POINT = "/opt/ml"
+SSH_DIR = "ssh"
+# what only the simulation uses: a namespaced host takes the real path
+SIMULATION_ONLY = (simulate.SIMULATED_ROOT_ENV, simulate.SESSION_TMP_ENV, "SAGEMAKER_BASE_DIR",
+                   "SHOAL_HOST", "SHOAL_MASTER_ADDR", "SHOAL_MASTER_PORT", "SHOAL_STATUS_PORT",
+                   "SHOAL_TF_ADDRESSES", "OMPI_MCA_orte_tmpdir_base")
+
+
+def make_keys(job_root: Path) -> Path:
+    """The job's SSH material: a host key, a client key pair, the sshd config."""
+    folder = Path(job_root) / SSH_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for name in ("host_key", "id"):
+        if not (folder / name).exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "shoal-local",
+                            "-f", str(folder / name)], check=True, capture_output=True)
+    shutil.copy(folder / "id.pub", folder / "authorized_keys")
+    (folder / "sshd_config").write_text("\n".join([
+        "Port 22", "ListenAddress 0.0.0.0", f"HostKey {folder / 'host_key'}",
+        f"AuthorizedKeysFile {folder / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        "StrictModes no", "PidFile none", "LogLevel ERROR", ""]))
+    return folder
+
+
+def ssh_agent(keys: Path) -> str:
+    """mpirun's ``plm_rsh_agent``: ssh with the job's key, to hosts whose keys are new each job."""
+    return (f"ssh -i {keys / 'id'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+            "-o BatchMode=yes -o LogLevel=ERROR")
+
+
+def host_script(host: str, host_tree: Path, keys: Path, python: str) -> str:
+    """What runs in a host's namespaces: its hostname, its /opt/ml, its sshd, then train."""
+    return "; ".join([
+        "set -e",
+        f"hostname {shlex.quote(host)}",
+        f"mount --bind {shlex.quote(str(host_tree))} {MOUNT_POINT}",
+        "mkdir -p /run/sshd",
+        f"/usr/sbin/sshd -f {shlex.quote(str(keys / 'sshd_config'))}",
+        f"exec {shlex.quote(python)} -m shoal.launcher.entrypoint",
+    ])
+
+
+def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if k not in SIMULATION_ONLY}
+    env["OMPI_MCA_plm_rsh_agent"] = ssh_agent(keys)
+    return env
+
+
+def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, python: str = sys.executable,
+            grace: float = 15.0, output=None, link: LinkSpec | None = None) -> int:
+    """Run ``train`` for every host, each in its namespaces; the job's exit code (as
+    ``simulate.run_job``: 124 when ``timeout`` ran out)."""
+    preflight.check(need_tc=link is not None)
+    hosts = sorted(hosts)
+    root = Path(job_root).resolve()
+    keys = make_keys(root)
+    netem = preflight.has_netem_here() if link is not None and link.delay_us else True
+    network = JobNetwork(hosts, link=link, netem=netem)
+    os.makedirs(MOUNT_POINT, exist_ok=True)
+    network.create()
+    procs = []
+    try:
+        base = host_environment(os.environ if env is None else env, keys)
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
+        relays = []
+        for host in hosts:
+            argv = [*network.exec_prefix(host), "unshare", "--mount", "--uts",
+                    "--propagation", "private", "/bin/sh", "-c",
+                    host_script(host, root / host, keys, python)]
+            procs.append(subprocess.Popen(argv, env=base, **pipes))
+            if output:
+                relays.append(simulate.relay_lines(host, procs[-1].stdout, output))
+        try:
+            if not simulate.wait_hosts(procs, timeout, grace):
+                return 124
+        finally:
+            for relay in relays:
+                relay.join(timeout=5)
+        codes = [p.returncode for p in procs]
+        return codes[0] or next((c for c in codes if c), 0)
+    finally:
+        end_namespaces(network, procs, grace)
+        network.destroy()
+        shutil.rmtree(keys, ignore_errors=True)  # the job's keys live as long as the job
+
+
+def end_namespaces(network: JobNetwork, procs, grace: float) -> None:
+    """SIGTERM, then SIGKILL, every process in the job's namespaces (sshd, ranks, strays)."""
+    if network.plan is None:
+        return
+    present = set(list_namespaces())
+    names = [h.namespace for h in network.plan.hosts if h.namespace in present]
+
+    def pids() -> list[int]:
+        found = []
+        for ns in names:
+            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            found += [int(p) for p in out.stdout.split() if p.isdigit()]
+        return found
+
+    for sig, wait in ((signal.SIGTERM, min(grace, 10.0)), (signal.SIGKILL, 5.0)):
+        for pid in pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

@@ -76,6 +76,10 @@ def _hyperparameters(values):
 @click.option("--input", "-i", "inputs", multiple=True, metavar="CHANNEL=URI")
 @click.option("--env", "-e", "environment", multiple=True, metavar="NAME=VALUE")
 @click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
+@click.option("--network", "local_network", type=click.Choice(["loopback", "namespaces"]),
+              help="Local jobs: hosts on loopback, or in network namespaces of their own (root).")
+@click.option("--link", "local_link", metavar="SPEC",
+              help="Local jobs in namespaces: an emulated link, e.g. rate=10gbit,delay=50us.")
 @click.option("--dry-run", is_flag=True, help="Print the request (secrets redacted); call nothing.")
 @click.option("--detach", is_flag=True, help="Print the handle and return; do not follow.")
 def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, **flags):
@@ -91,6 +95,10 @@ def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, *
     if dry_run:
         emit_json(dry_run_request(estimator, spec))
         return
+    if spec.is_local:
+        import os
+
+        os.environ.update(config_mod.local_environment(spec))  # the supervisor inherits them
     estimator.fit(spec.inputs, wait=False, job_name=spec.job_name)
     job = estimator.latest_training_job
     handle = local_handle(job.name) if spec.is_local else \

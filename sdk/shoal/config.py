@@ -94,6 +94,11 @@ class JobSpec:
     base_job_name: str | None = _field(str)
     job_name: str | None = _field(str)
     tags: list | None = _field(list)
+    # local jobs only: hosts on loopback (simulated) or in network namespaces of their own,
+    # and the link emulated between namespaced hosts ("rate=10gbit,delay=50us")
+    local_network: str | None = attrs.field(
+        default=None, validator=_opt(attrs.validators.in_(("loopback", "namespaces"))))
+    local_link: str | None = _field(str)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -210,7 +215,22 @@ def resolve(job_file=None, flags: Mapping | None = None, cwd=None) -> JobSpec:
 
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/shoal-local"
 # JobSpec keys that are not estimator arguments.
-NOT_ESTIMATOR_KEYS = ("framework", "inputs", "job_name", "region", "processes_per_host")
+NOT_ESTIMATOR_KEYS = ("framework", "inputs", "job_name", "region", "processes_per_host",
+                      "local_network", "local_link")
+
+
+def local_environment(spec: JobSpec) -> dict[str, str]:
+    """What a local job's supervisor reads from its environment for ``local_network`` and
+    ``local_link`` (set in the process that submits it, which the supervisor inherits)."""
+    out = {}
+    if spec.local_network:
+        out["SHOAL_LOCAL_NETWORK"] = spec.local_network
+    if spec.local_link:
+        from shoal.local.network.links import LinkSpec
+
+        LinkSpec.parse(spec.local_link)  # refused here, not in the job
+        out["SHOAL_LOCAL_LINK"] = spec.local_link
+    return out
 
 
 def estimator_kwargs(spec: JobSpec) -> dict:

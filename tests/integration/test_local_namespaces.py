@@ -84,3 +84,44 @@ def test_an_unknown_network_mode_fails_the_submission(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_LOCAL_NETWORK", "bridged")
     with pytest.raises(InputError, match="'SHOAL_LOCAL_NETWORK' must be one of loopback, namespaces"):
         LocalBackend(root=tmp_path / "jobs").submit(request(tmp_path, "bad-mode"))
+
+
+def test_the_cli_runs_namespaced_hosts_and_stop_leaves_nothing(tmp_path):
+    """``shoal run --local --network namespaces``, then ``shoal stop --wait`` (SageMaker's
+    stop) while the ranks train: Stopped, and the namespaces, keys and processes gone."""
+    import os
+    import sys
+    import time
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("import time\nprint('training', flush=True)\ntime.sleep(300)\n")
+    env = {**os.environ, "SHOAL_LOCAL_ROOT": str(tmp_path / "jobs")}
+    before = set(namespaces.list_namespaces())
+
+    def shoal(*args):
+        return subprocess.run([sys.executable, "-m", "shoal.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    started = shoal("run", "--local", "--network", "namespaces", "--framework", "pytorch",
+                    "--framework-version", "1.13.1", "--py-version", "py39",
+                    "--entry-point", "train.py", "--source-dir", str(code), "--instance-count",
+                    "2", "--role", "arn:aws:iam::111122223333:role/R", "--job-name", "ns-stop",
+                    "--output-path", (tmp_path / "out").as_uri(), "--detach")
+    assert started.returncode == 0 and started.stdout.strip() == "local://ns-stop", started.stderr
+    log = tmp_path / "jobs" / "ns-stop" / "logs.txt"
+    deadline = time.monotonic() + 120
+    while "training" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.2)
+    assert "hosts in network namespaces of their own" in log.read_text()
+    assert len(set(namespaces.list_namespaces()) - before) == 3  # the bridge and two hosts
+    stopped = shoal("stop", "local://ns-stop", "--wait")
+    assert stopped.returncode == 0, stopped.stderr
+    status = json.loads(shoal("status", "local://ns-stop", "--output", "json").stdout)
+    assert status["TrainingJobStatus"] == "Stopped"
+    assert set(namespaces.list_namespaces()) == before
+    assert not (tmp_path / "jobs" / "ns-stop" / "ssh").exists()
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "jobs" / "ns-stop")],
+                              capture_output=True, text=True).stdout.split()
+    assert leftover == []

@@ -117,3 +117,24 @@ def test_code_paths_in_a_file_are_relative_to_the_file(tmp_path):
     assert load_spec(tmp_path / "b.yaml").entry_point == str(tmp_path / "train.py")
     write(tmp_path / "c.yaml", {"source_dir": "s3://bkt/code/sourcedir.tar.gz"})
     assert load_spec(tmp_path / "c.yaml").source_dir == "s3://bkt/code/sourcedir.tar.gz"
+
+
+def test_local_network_and_link_reach_the_local_supervisor_through_its_environment():
+    from shoal.config import estimator_kwargs, local_environment
+
+    spec = parse_spec({"instance_type": "local", "local_network": "namespaces",
+                       "local_link": "rate=10gbit,delay=50us"})
+    assert local_environment(spec) == {"SHOAL_LOCAL_NETWORK": "namespaces",
+                                       "SHOAL_LOCAL_LINK": "rate=10gbit,delay=50us"}
+    assert "local_network" not in estimator_kwargs(spec)
+    assert local_environment(parse_spec({"instance_type": "local"})) == {}
+
+
+def test_a_bad_local_network_or_link_is_refused_before_anything_runs():
+    from shoal.config import local_environment
+    from shoal.local.network.links import LinkError
+
+    with pytest.raises(ConfigError, match="local_network"):
+        parse_spec({"local_network": "bridged"})
+    with pytest.raises(LinkError, match="unknown link setting 'jitter'"):
+        local_environment(parse_spec({"local_link": "jitter=1ms"}))

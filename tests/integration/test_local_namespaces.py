@@ -95,7 +95,8 @@ def test_the_cli_runs_namespaced_hosts_and_stop_leaves_nothing(tmp_path):
 
     code = tmp_path / "code"
     code.mkdir()
-    (code / "train.py").write_text("import time\nprint('training', flush=True)\ntime.sleep(300)\n")
+    (code / "train.py").write_text("import time\nprint('the script runs', flush=True)\n"
+                                   "time.sleep(300)\n")
     env = {**os.environ, "SHOAL_LOCAL_ROOT": str(tmp_path / "jobs")}
     before = set(namespaces.list_namespaces())
 
@@ -109,14 +110,16 @@ def test_the_cli_runs_namespaced_hosts_and_stop_leaves_nothing(tmp_path):
                     "2", "--role", "arn:aws:iam::111122223333:role/R", "--job-name", "ns-stop",
                     "--output-path", (tmp_path / "out").as_uri(), "--detach")
     assert started.returncode == 0 and started.stdout.strip() == "local://ns-stop", started.stderr
-    log = tmp_path / "jobs" / "ns-stop" / "logs.txt"
-    deadline = time.monotonic() + 120
-    while "training" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
-        time.sleep(0.2)
-    assert "hosts in network namespaces of their own" in log.read_text()
-    assert len(set(namespaces.list_namespaces()) - before) == 3  # the bridge and two hosts
-    stopped = shoal("stop", "local://ns-stop", "--wait")
+    try:
+        log = tmp_path / "jobs" / "ns-stop" / "logs.txt"
+        deadline = time.monotonic() + 120
+        while log.read_text().count("the script runs") < 2:  # both hosts' scripts
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert "hosts in network namespaces of their own" in log.read_text()
+        assert len(set(namespaces.list_namespaces()) - before) == 3  # the bridge, two hosts
+    finally:
+        stopped = shoal("stop", "local://ns-stop", "--wait")
     assert stopped.returncode == 0, stopped.stderr
     status = json.loads(shoal("status", "local://ns-stop", "--output", "json").stdout)
     assert status["TrainingJobStatus"] == "Stopped"

@@ -71,9 +71,10 @@ class Libraries:
         self.topology = core.init()
         import shoal.dataparallel.torch  # noqa: F401 - registers the shoal backend
 
+        # the job's master (algo-1 for hosts in namespaces of their own), else this machine
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{base + 1}", rank=rank, world_size=size
-        )
+            "gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{base + 1}", rank=rank,
+            world_size=size)
         # A world-sized shoal group: it runs on the core's world communicator, as a
         # script's default group on backend "shoal" does.
         self.shoal_group = dist.new_group(backend="shoal")

@@ -75,6 +75,10 @@ def host_script(host: str, host_tree: Path, keys: Path, python: str) -> str:
 def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:
     env = {k: v for k, v in base.items() if k not in SIMULATION_ONLY}
     env["OMPI_MCA_plm_rsh_agent"] = ssh_agent(keys)
+    # the master tells its workers the outcome and waits for their acknowledgements; a worker
+    # cut off (its link down) never acknowledges, and this runner ends every host once the
+    # master is done: a short wait, not SageMaker's minute
+    env.setdefault("SHOAL_STATUS_LINGER", "5")
     return env
 
 
@@ -104,7 +108,9 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
             if output:
                 relays.append(simulate.relay_lines(host, procs[-1].stdout, output))
         try:
-            if not simulate.wait_hosts(procs, timeout, grace):
+            # a failed host's peers learn the outcome from the master in a moment, or (cut
+            # off) never: a short wait before they are ended
+            if not simulate.wait_hosts(procs, timeout, min(grace, 5.0)):
                 return 124
         finally:
             for relay in relays:

@@ -7,7 +7,7 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps o
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test unit integration benchmarks torch-suite stress-failures lint system venv clean
+.PHONY: all demo test unit integration benchmarks torch-suite stress-failures stress-faults lint system venv clean
 
 all: test
 
@@ -90,6 +90,17 @@ stress-failures: venv
 	  then passed=$$((passed + 1)); else echo "run $$i failed (build/stress-failures.log)"; fi; \
 	done; echo "stress-failures: $$passed of $(STRESS_RUNS) runs passed"; \
 	[ $$passed -eq $(STRESS_RUNS) ]
+
+# The fault-injection suite (tests/faults, root) FAULT_RUNS times beside two busy loops.
+FAULT_RUNS ?= 20
+stress-faults: venv
+	@sh -c 'while :; do :; done' & b1=$$!; sh -c 'while :; do :; done' & b2=$$!; \
+	trap 'kill $$b1 $$b2' EXIT; passed=0; \
+	for i in $$(seq $(FAULT_RUNS)); do \
+	  if mkdir -p build && $(PY) -m pytest -q -p no:cacheprovider tests/faults >> build/stress-faults.log 2>&1; \
+	  then passed=$$((passed + 1)); else echo "run $$i failed (build/stress-faults.log)"; fi; \
+	done; echo "stress-faults: $$passed of $(FAULT_RUNS) runs passed"; \
+	[ $$passed -eq $(FAULT_RUNS) ]
 
 lint: venv
 	$(VENV)/bin/ruff check sdk runtime containers tests benchmarks examples

@@ -37,6 +37,7 @@ class Supervisor:
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
         self.network = network_mode(os.environ)
+        self.training = False
         self.profiler = None
         config = self.request.get("ProfilerConfig") or {}
         if config and not config.get("DisableProfiler", False):
@@ -69,6 +70,12 @@ class Supervisor:
         for channel, uri in layout.channel_sources(self.request).items():
             self.stage_channel(channel, uri)
         s3_uri, local_path = layout.checkpoint_config(self.request)
+        if s3_uri:  # the script finds its checkpoint directory, restored into or empty
+            for host in self.hosts:
+                self.paths.checkpoint_dir(host, local_path).mkdir(parents=True, exist_ok=True)
+        if s3_uri and not storage.is_s3(s3_uri) and not storage.file_path(s3_uri).exists():
+            say(f"no checkpoints in {s3_uri} yet: nothing to restore")  # a first run
+            s3_uri = None
         if s3_uri:
             for host in self.hosts:
                 count = storage.download(s3_uri, self.paths.checkpoint_dir(host, local_path))
@@ -180,6 +187,7 @@ class Supervisor:
                 self.move("Stopped")
                 return 1
             self.move("Training")
+            self.training = True
             code = self.train()
             if code == TIMEOUT_EXIT:
                 self.move("MaxRuntimeExceeded")
@@ -193,7 +201,10 @@ class Supervisor:
             self.move("Failed", FailureReason=self.failure_reason(code), **artifacts)
             return 1
         except StopRequested:
-            self.move("Stopped")
+            # as SageMaker does for a stopped job: what the script saved before the stop
+            # (checkpoints, the model directory) is kept, so that a restart can resume
+            artifacts = self.upload() if self.training else {}
+            self.move("Stopped", **artifacts)
             return 1
         except Exception as error:  # the record must end in a terminal state whatever happened
             self.move("Failed", FailureReason=f"ClientError: {error}"[:FAILURE_LIMIT])

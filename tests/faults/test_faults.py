@@ -117,3 +117,18 @@ def test_a_spot_interruption_then_a_restart_that_resumes_from_its_checkpoints(tm
     assert d["TrainingJobStatus"] == "Completed", d.get("FailureReason")
     log = restart.log()
     assert f"resumed from step {saved[-1]}" in log and "finished" in log
+
+
+def test_the_model_directory_disk_full(tmp_path, monkeypatch):
+    """Rank 0's model directory (on algo-1) fills up: a 64 KiB file system is mounted over it
+    in the host's own mount namespace, and its next 256 KiB save fails."""
+    job = start(tmp_path, "disk-full", monkeypatch)
+    rank0 = rank_pids("algo-1")[0]
+    mark_fault(job)
+    subprocess.run(["nsenter", "-t", str(rank0), "-m", "mount", "-t", "tmpfs", "-o", "size=64k",
+                    "tmpfs", "/opt/ml/model"], check=True)
+    d = finish(job, QUICK)
+    assert d["TrainingJobStatus"] == "Failed"
+    assert re.search(r"Rank 0 on host algo-1 exited with code 1\. .*No space left on device",
+                     d["FailureReason"]), d["FailureReason"]
+    kept_what_it_wrote(job)  # what was saved before the disk filled, under the full mount

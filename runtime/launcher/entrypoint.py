@@ -13,7 +13,8 @@ Each of the launcher's log lines starts with its host (``[algo-2] ...``). Under
 ``SAGEMAKER_BASE_DIR``, hyperparameters naming paths under /opt/ml are moved under it
 (:func:`shoal.launcher.paths.rebase`) and the moved keys are logged.
 
-Knobs (environment): ``SHOAL_STOP_GRACE`` (10 s), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
+Knobs (environment): ``SHOAL_STOP_GRACE`` (10 s), ``SHOAL_FAILURE_GRACE`` (15 s: how long
+mpirun may take to end the job once a rank failed before it is stopped), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
 ``SHOAL_STATUS_PORT`` (7594), ``SHOAL_STATUS_LINGER`` (60 s), ``SHOAL_MASTER_PORT``
 (7777), ``SHOAL_MASTER_ADDR``, ``SHOAL_GETHOSTNAME_PRELOAD`` (a prebuilt shim, see
 :mod:`shoal.launcher.hostname`), ``SHOAL_S3_EXPECTED_BUCKET_OWNER``.
@@ -84,6 +85,7 @@ class Launch:
         self.interface = LOOPBACK if self.simulated else job.network_interface_name
         self.master_addr = environ.get("SHOAL_MASTER_ADDR") or job.master_hostname
         self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
+        self.failure_grace = _float_env(environ, "SHOAL_FAILURE_GRACE", 15.0)
         self.coordinated = self.runner in (Runner.MPI, Runner.DATAPARALLEL)
         self._env: dict[str, str] | None = None
         self.preload: str | None = None
@@ -152,7 +154,8 @@ class Launch:
 
     def supervise(self, argv: list[str], env: Mapping[str, str], keep=(), watch=None) -> Outcome:
         sup = Supervisor(argv, env, self.job.paths.code_dir, hosts=self.hosts,
-                         ranks_per_host=self.ppn, grace=self.grace, keep=keep,
+                         ranks_per_host=self.ppn, grace=self.grace,
+                         failure_timeout=self.failure_grace, keep=keep,
                          watch=watch)  # fmt: skip
         install_stop_handlers(sup)
         return sup.run()

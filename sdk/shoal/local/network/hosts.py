@@ -79,6 +79,9 @@ def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:
     # cut off (its link down) never acknowledges, and this runner ends every host once the
     # master is done: a short wait, not SageMaker's minute
     env.setdefault("SHOAL_STATUS_LINGER", "5")
+    # once a rank failed, mpirun ends the job at once unless a host is cut off, when it
+    # waits for that host's daemon: stopped after 5 s, not SageMaker's 15
+    env.setdefault("SHOAL_FAILURE_GRACE", "5")
     return env
 
 

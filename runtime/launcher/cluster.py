@@ -34,7 +34,6 @@ import time
 from collections.abc import Iterator, Sequence
 
 import attrs
-import psutil
 from shoal.errors import LaunchError
 
 log = logging.getLogger(__name__)
@@ -58,11 +57,14 @@ class JobStatus:
 
 
 def sshd_running() -> bool:
-    return any(p.info["name"] == "sshd" for p in psutil.process_iter(attrs=["name"]))
+    """Whether an sshd serves this host: port 22 answers on its own loopback. (An sshd
+    process seen on the machine is not enough: hosts that share a PID namespace, such as
+    containers run with chroot isolation, each need their own on their own network.)"""
+    return can_connect("127.0.0.1", 22, timeout=0.5)
 
 
 def start_sshd(sshd: str = SSHD) -> subprocess.Popen | None:
-    """Start sshd in the foreground mode (its own process) unless one is running."""
+    """Start sshd in the foreground mode (its own process) unless one serves this host."""
     if sshd_running():
         return None
     if not os.path.exists(sshd):

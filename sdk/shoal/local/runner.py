@@ -123,9 +123,11 @@ class Supervisor:
             from .network.links import LinkSpec
 
             link = LinkSpec.parse(os.environ.get("SHOAL_LOCAL_LINK"))
+            image = local_image(os.environ, self.request)
             say(f"hosts in network namespaces of their own (link: "
-                f"{link.describe() if link else 'unshaped'})")
-            run = functools.partial(namespaced.run_job, link=link)
+                f"{link.describe() if link else 'unshaped'}"
+                f"{f'; inside {image.reference}' if image else ''})")
+            run = functools.partial(namespaced.run_job, link=link, image=image)
         try:
             return run(str(self.paths.job_dir), self.hosts, timeout=limit, env=environment,
                        output=output)
@@ -226,6 +228,21 @@ class StopRequested(BaseException):
 
 
 NETWORK_MODES = ("loopback", "namespaces")
+
+
+def local_image(environ, request: dict):
+    """``SHOAL_LOCAL_IMAGE``: the image each namespaced host runs inside (buildah; its store
+    from ``SHOAL_LOCAL_BUILDAH_ROOT`` when not buildah's default), or None."""
+    reference = environ.get("SHOAL_LOCAL_IMAGE")
+    if not reference:
+        return None
+    from shoal.containers.builder import Buildah
+
+    from .network.hosts import Image
+
+    store = Buildah(root=environ.get("SHOAL_LOCAL_BUILDAH_ROOT") or None)
+    return Image(reference, tuple(store.global_args()),
+                 dict(request.get("Environment") or {}))
 
 
 def network_mode(environ) -> str:

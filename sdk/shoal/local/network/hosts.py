@@ -8,6 +8,13 @@ key pair, made for this job and removed with it, is the only one it accepts) and
 and port 22, and runs mpirun, which starts the other hosts' ranks over SSH. When the job
 ends, however it ends, every process in the namespaces is ended and the namespaces removed.
 
+With an image (``SHOAL_LOCAL_IMAGE``: Shoal's training image as built here), each host runs
+inside it instead: a buildah container per host, run from within the host's network
+namespace (chroot isolation shares that network), with hostname ``algo-N``, the hosts'
+addresses in its hosts file, its tree mounted at ``/opt/ml``, the request's ``Environment``,
+and the image's own entrypoint (``shoal-entrypoint train``), which starts the image's sshd
+and takes the cluster path with the image's keys: the container path end to end.
+
 The machine needs ``/opt/ml`` as a mount point (created empty if missing).
 """
 
@@ -22,6 +29,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import attrs
 
 from shoal.launcher import simulate
 
@@ -85,11 +94,46 @@ def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:
     return env
 
 
+@attrs.frozen
+class Image:
+    """A training image to run each host in, and the buildah store it is in."""
+
+    reference: str
+    buildah: tuple[str, ...] = ("buildah",)  # the global arguments: driver, root
+    environment: Mapping[str, str] = attrs.field(factory=dict)  # the request's Environment
+    entrypoint: tuple[str, ...] = ("/usr/local/bin/shoal-entrypoint", "train")
+
+    def create(self, network) -> dict[str, str]:
+        """A container per host, its hosts file naming every host: host -> container."""
+        hosts_args = [a for h in network.plan.hosts for a in ("--add-host", f"{h.host}:{h.address}")]
+        made = {}
+        for h in network.plan.hosts:
+            done = subprocess.run([*self.buildah, "from", "--quiet", *hosts_args, self.reference],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                self.remove(made)
+                raise preflight.NetworkError(f"buildah from {self.reference}: "
+                                             f"{done.stderr.strip()[-500:]}")
+            made[h.host] = done.stdout.strip().splitlines()[-1]
+        return made
+
+    def run_argv(self, host: str, container: str, tree: Path) -> list[str]:
+        env = [a for k, v in self.environment.items() for a in ("--env", f"{k}={v}")]
+        return [*self.buildah, "run", "--isolation", "chroot", "--network", "host",
+                "--hostname", host, "--volume", f"{tree}:{MOUNT_POINT}", *env, container, "--",
+                *self.entrypoint]
+
+    def remove(self, containers: Mapping[str, str]) -> None:
+        for name in containers.values():
+            subprocess.run([*self.buildah, "rm", name], capture_output=True)
+
+
 def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None,
             env: Mapping[str, str] | None = None, python: str = sys.executable,
-            grace: float = 15.0, output=None, link: LinkSpec | None = None) -> int:
-    """Run ``train`` for every host, each in its namespaces; the job's exit code (as
-    ``simulate.run_job``: 124 when ``timeout`` ran out)."""
+            grace: float = 15.0, output=None, link: LinkSpec | None = None,
+            image: Image | None = None) -> int:
+    """Run ``train`` for every host, each in its namespaces (and, with ``image``, inside
+    it); the job's exit code (as ``simulate.run_job``: 124 when ``timeout`` ran out)."""
     preflight.check(need_tc=link is not None)
     hosts = sorted(hosts)
     root = Path(job_root).resolve()
@@ -98,15 +142,20 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
     network = JobNetwork(hosts, link=link, netem=netem)
     os.makedirs(MOUNT_POINT, exist_ok=True)
     network.create()
-    procs = []
+    procs, containers = [], {}
     try:
         base = host_environment(os.environ if env is None else env, keys)
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
         relays = []
+        containers = image.create(network) if image is not None else {}
         for host in hosts:
-            argv = [*network.exec_prefix(host), "unshare", "--mount", "--uts",
-                    "--propagation", "private", "/bin/sh", "-c",
-                    host_script(host, root / host, keys, python)]
+            if image is not None:
+                argv = [*network.exec_prefix(host),
+                        *image.run_argv(host, containers[host], root / host)]
+            else:
+                argv = [*network.exec_prefix(host), "unshare", "--mount", "--uts",
+                        "--propagation", "private", "/bin/sh", "-c",
+                        host_script(host, root / host, keys, python)]
             procs.append(subprocess.Popen(argv, env=base, **pipes))
             if output:
                 relays.append(simulate.relay_lines(host, procs[-1].stdout, output))
@@ -122,6 +171,8 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
         return codes[0] or next((c for c in codes if c), 0)
     finally:
         end_namespaces(network, procs, grace)
+        if image is not None:
+            image.remove(containers)
         network.destroy()
         shutil.rmtree(keys, ignore_errors=True)  # the job's keys live as long as the job
 

@@ -58,6 +58,7 @@ class Job:
     backend_job: object = None
     before_ns: set = attrs.field(factory=set)
     before_shm: set = attrs.field(factory=set)
+    own_ns: set = attrs.field(factory=set)  # the namespaces this job made
     fault_at: float = 0.0
 
     @property
@@ -97,12 +98,20 @@ def start(tmp: Path, name: str, monkeypatch, **environment) -> Job:
         assert time.monotonic() < deadline, job.log()[-3000:]
         assert job.backend_job.describe()["TrainingJobStatus"] == "InProgress", job.log()[-3000:]
         time.sleep(0.2)
+    # other jobs may make and remove namespaces meanwhile: this job's are its slot's
+    slots = {namespaces.slot_of(n) for n in set(namespaces.list_namespaces()) - job.before_ns}
+    job.own_ns = {n for n in namespaces.list_namespaces() if namespaces.slot_of(n) in slots - {None}}
+    assert len(job.own_ns) == 3, job.own_ns  # the bridge's and two hosts'
+    _current.append(job)
     return job
 
 
+_current: list = []  # the job whose namespaces the helpers below act on
+
+
 def host_namespace(host: str) -> str:
-    return next(n for n in namespaces.list_namespaces()
-                if namespaces.slot_of(n) is not None and n.endswith(f"-{host}"))
+    own = _current[-1].own_ns if _current else set(namespaces.list_namespaces())
+    return next(n for n in sorted(own) if n.endswith(f"-{host}"))
 
 
 def namespace_pids(host: str) -> list[int]:
@@ -155,7 +164,7 @@ def assert_nothing_left(job: Job) -> None:
         time.sleep(0.2)
     assert leftover == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(leftover)],
                                           capture_output=True, text=True).stdout
-    assert set(namespaces.list_namespaces()) == job.before_ns
+    assert not job.own_ns & set(namespaces.list_namespaces())
     assert not (job.dir / "ssh").exists()
     new_segments = set(os.listdir("/dev/shm")) - job.before_shm
     assert not [s for s in new_segments if "shoal" in s.lower()], new_segments

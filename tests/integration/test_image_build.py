@@ -11,6 +11,7 @@ import datetime
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -187,3 +188,62 @@ def test_push_to_a_local_oci_layout(image, options, store, tmp_path):
     assert config["config"]["Entrypoint"] == ["/usr/local/bin/shoal-entrypoint"]
     for layer in manifest["layers"]:
         assert (layout / "blobs" / algorithm / layer["digest"].split(":")[1]).is_file()
+
+
+NAMESPACED = """
+import json, os, socket
+from mpi4py import MPI
+import numpy as np
+from shoal.dataparallel import core
+rank = MPI.COMM_WORLD.Get_rank()
+core.init()
+grads = np.array([float(rank + 1)], dtype=np.float32)
+core.allreduce(grads)
+print("RANK " + json.dumps({
+    "rank": rank, "host": socket.gethostname(), "address": socket.gethostbyname(socket.gethostname()),
+    "over_ssh": "SSH_CONNECTION" in os.environ, "sum": float(grads[0]),
+    "setting": os.environ.get("MY_SETTING"), "image": os.path.exists("/usr/local/bin/shoal-entrypoint")}),
+    flush=True)
+"""
+
+
+def test_a_two_host_job_runs_inside_the_image_in_namespaces(image, store, tmp_path, monkeypatch):
+    """The container path end to end: each host of a 2-host x 2-rank local job inside the
+    image in its own network namespace, through the image's entrypoint and its sshd."""
+    from shoal.backends.local import LocalBackend
+    from shoal.local.network import namespaces, preflight
+
+    if preflight.missing():
+        pytest.skip("; ".join(preflight.missing()))
+    monkeypatch.setenv("SHOAL_LOCAL_NETWORK", "namespaces")
+    monkeypatch.setenv("SHOAL_LOCAL_IMAGE", image)
+    monkeypatch.setenv("SHOAL_LOCAL_BUILDAH_ROOT", store.root)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(NAMESPACED)
+    request = {
+        "TrainingJobName": "in-image", "RoleArn": "arn:aws:iam::111122223333:role/R",
+        "AlgorithmSpecification": {"TrainingImage": image, "TrainingInputMode": "File"},
+        "HyperParameters": {"sagemaker_program": json.dumps("train.py"),
+                            "sagemaker_submit_directory": json.dumps(code.as_uri()),
+                            "sagemaker_mpi_enabled": "true",
+                            "sagemaker_mpi_num_of_processes_per_host": "2"},
+        "OutputDataConfig": {"S3OutputPath": (tmp_path / "out").as_uri()},
+        "ResourceConfig": {"InstanceType": "local", "InstanceCount": 2, "VolumeSizeInGB": 30},
+        "Environment": {"MY_SETTING": "from-the-request"},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 300},
+    }
+    containers = buildah(store, "containers", "--quiet").split()
+    job = LocalBackend(root=tmp_path / "jobs").submit(request)
+    job.wait(logs=None)
+    log = job.paths.log_file.read_text()
+    ranks = [json.loads(line.split("RANK ", 1)[1]) for line in log.splitlines() if "RANK {" in line]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3], log[-3000:]
+    assert all(r["image"] and r["sum"] == 10.0 and r["setting"] == "from-the-request"
+               for r in ranks)
+    hosts = {r["host"]: r["address"] for r in ranks}
+    assert sorted(hosts) == ["algo-1", "algo-2"] and len(set(hosts.values())) == 2
+    assert all(r["over_ssh"] == (r["host"] == "algo-2") for r in ranks)
+    slot = int(re.search(r"network slot (\d+):", log)[1])
+    assert not [n for n in namespaces.list_namespaces() if namespaces.slot_of(n) == slot]
+    assert buildah(store, "containers", "--quiet").split() == containers  # its own removed

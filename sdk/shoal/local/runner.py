@@ -127,7 +127,7 @@ class Supervisor:
             say(f"hosts in network namespaces of their own (link: "
                 f"{link.describe() if link else 'unshaped'}"
                 f"{f'; inside {image.reference}' if image else ''})")
-            run = functools.partial(namespaced.run_job, link=link, image=image)
+            run = functools.partial(namespaced.run_job, link=link, image=image, say=say)
         try:
             return run(str(self.paths.job_dir), self.hosts, timeout=limit, env=environment,
                        output=output)

@@ -131,7 +131,7 @@ class Image:
 def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None,
             env: Mapping[str, str] | None = None, python: str = sys.executable,
             grace: float = 15.0, output=None, link: LinkSpec | None = None,
-            image: Image | None = None) -> int:
+            image: Image | None = None, say=None) -> int:
     """Run ``train`` for every host, each in its namespaces (and, with ``image``, inside
     it); the job's exit code (as ``simulate.run_job``: 124 when ``timeout`` ran out)."""
     preflight.check(need_tc=link is not None)
@@ -141,7 +141,9 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
     netem = preflight.has_netem_here() if link is not None and link.delay_us else True
     network = JobNetwork(hosts, link=link, netem=netem)
     os.makedirs(MOUNT_POINT, exist_ok=True)
-    network.create()
+    plan = network.create()
+    if say:
+        say(f"network slot {plan.slot}: " + ", ".join(f"{h.host} {h.address}" for h in plan.hosts))
     procs, containers = [], {}
     try:
         base = host_environment(os.environ if env is None else env, keys)

@@ -80,15 +80,18 @@ def test_a_rank_frozen_until_the_collective_time_out(tmp_path, monkeypatch):
     kept_what_it_wrote(job)
 
 
-def test_a_link_slowed_to_a_crawl(tmp_path, monkeypatch):
-    job = start(tmp_path, "slow-link", monkeypatch)
+def test_a_slow_link_slows_the_job_but_does_not_break_it(tmp_path, monkeypatch):
+    """The link between the hosts drops to 20 Mbit/s mid-training: collectives that still
+    make progress are not a failure (the time-out is for peers that do not arrive); the job
+    finishes its steps, correct, within its budget."""
+    job = start(tmp_path, "slow-link", monkeypatch, STEPS=60)
     mark_fault(job)
     subprocess.run(["ip", "netns", "exec", host_namespace("algo-2"), "tc", "qdisc", "replace",
-                    "dev", "eth0", "root", "tbf", "rate", "8kbit", "burst", "1600",
-                    "latency", "10s"], check=True)
-    d = finish(job, HANGING)
-    assert d["TrainingJobStatus"] == "Failed"
-    assert "CollectiveTimeoutError" in d["FailureReason"], d["FailureReason"]
+                    "dev", "eth0", "root", "tbf", "rate", "20mbit", "burst", "32kb",
+                    "latency", "50ms"], check=True)
+    d = finish(job, QUICK)
+    assert d["TrainingJobStatus"] == "Completed", d.get("FailureReason")
+    assert job.log().count("finished") == 4
     kept_what_it_wrote(job)
 
 

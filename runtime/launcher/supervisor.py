@@ -48,6 +48,9 @@ _DAEMON_FAILURE = re.compile(
 )
 
 
+CAUSE_WINDOW = 5.0  # seconds in which a signalled rank displaces an earlier exit as the cause
+
+
 @attrs.frozen
 class RankFailure:
     """The first rank that failed: who, where, and how it ended."""
@@ -253,9 +256,15 @@ class Supervisor:
         return f"[{tag.job},mpirank:{rank},{host}]<{tag.stream}>:{text}"
 
     def _record(self, failure: RankFailure) -> None:
+        now = time.monotonic()
         if self._failure is None:
+            self._failure, self._failure_at = failure, now
+        elif (failure.signal and not self._failure.signal
+              and now - self._failure_at <= CAUSE_WINDOW):
+            # A rank killed by a signal is the cause; a rank that exited with an error just
+            # before it is its peer noticing the loss (PeerLostError), reported over a
+            # shorter path (a local rank's line arrives before a remote host's).
             self._failure = failure
-            self._failure_at = time.monotonic()
 
     def _scan(self, text: str, rank: int | None) -> None:
         if rank is None and _DAEMON_FAILURE.search(text):

@@ -128,7 +128,8 @@ def rank_pids(host: str) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"train.py" in cmdline and b"mpi4py" in cmdline and b"/bin/sh" not in cmdline[0]:
+        # the interpreter itself (python -m mpi4py train.py), not shoal-rank around it
+        if cmdline[1:4] == [b"-m", b"mpi4py", b"train.py"]:
             found.append(pid)
     return found
 

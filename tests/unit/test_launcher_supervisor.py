@@ -50,6 +50,21 @@ def test_marker_is_the_root_cause_even_after_mpirun_messages():
     assert (failure.rank, failure.host, failure.exit_code) == (1, "algo-1", 1)
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause_not_the_peer_that_noticed_first():
+    sup = make()
+    peer = ('[1,1]<stderr>:SHOAL_RANK_FAILED {"rank": 1, "host": "algo-1", "exit_code": 1, '
+            '"signal": null}\n')
+    killed = ('[1,2]<stderr>:SHOAL_RANK_FAILED {"rank": 2, "host": "algo-2", '
+              '"exit_code": 137, "signal": "SIGKILL"}\n')
+    feed(sup, peer, killed)
+    assert (sup._failure.rank, sup._failure.signal) == (2, "SIGKILL")
+    later = make()
+    feed(later, peer)
+    later._failure_at -= 60  # long after: a separate failure, not the cause of the first
+    feed(later, killed)
+    assert later._failure.rank == 1
+
+
 def test_mpirun_messages_as_fallback():
     sup = make()
     sup.handle_line("mpirun noticed that process rank 2 with PID 0 on node algo-2 exited on "

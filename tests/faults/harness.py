@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -93,15 +94,21 @@ def start(tmp: Path, name: str, monkeypatch, **environment) -> Job:
                         **{k: str(v) for k, v in environment.items()}},
     }
     job.backend_job = LocalBackend(root=tmp / "jobs").submit(request)
-    deadline = time.monotonic() + 180
-    while job.log().count("TRAINING-NOW") < 4:
-        assert time.monotonic() < deadline, job.log()[-3000:]
-        assert job.backend_job.describe()["TrainingJobStatus"] == "InProgress", job.log()[-3000:]
-        time.sleep(0.2)
-    # other jobs may make and remove namespaces meanwhile: this job's are its slot's
-    slots = {namespaces.slot_of(n) for n in set(namespaces.list_namespaces()) - job.before_ns}
-    job.own_ns = {n for n in namespaces.list_namespaces() if namespaces.slot_of(n) in slots - {None}}
-    assert len(job.own_ns) == 3, job.own_ns  # the bridge's and two hosts'
+    try:
+        deadline = time.monotonic() + 180
+        while job.log().count("TRAINING-NOW") < 4:
+            assert time.monotonic() < deadline, job.log()[-3000:]
+            assert job.backend_job.describe()["TrainingJobStatus"] == "InProgress", \
+                job.log()[-3000:]
+            time.sleep(0.2)
+        # other jobs may make and remove namespaces meanwhile: this job's are its slot's,
+        # which its log names
+        slot = int(re.search(r"network slot (\d+):", job.log())[1])
+        job.own_ns = {n for n in namespaces.list_namespaces() if namespaces.slot_of(n) == slot}
+        assert len(job.own_ns) == 3, job.own_ns  # the bridge's and two hosts'
+    except BaseException:
+        job.backend_job.stop(wait=True)  # a job that never got its fault must not live on
+        raise
     _current.append(job)
     return job
 

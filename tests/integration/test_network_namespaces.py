@@ -73,8 +73,11 @@ def test_two_hosts_reach_each_other_by_name_through_a_shaped_link_and_leave_noth
 
 
 def test_a_job_killed_outright_is_swept_by_the_next():
-    script = ("from shoal.local.network.namespaces import JobNetwork\n"
-              "p = JobNetwork(['algo-1']).create(); print(p.slot, flush=True)\n"
+    script = ("import subprocess, sys\n"
+              "from shoal.local.network.namespaces import JobNetwork\n"
+              "n = JobNetwork(['algo-1']); p = n.create()\n"
+              "subprocess.Popen([*n.exec_prefix('algo-1'), 'sleep', '600'])  # left inside\n"
+              "print(p.slot, flush=True)\n"
               "import time; time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     slot = int(owner.stdout.readline())
@@ -85,3 +88,5 @@ def test_a_job_killed_outright_is_swept_by_the_next():
     while slot not in namespaces.sweep() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [n for n in namespaces.list_namespaces() if namespaces.slot_of(n) == slot]
+    left = subprocess.run(["pgrep", "-f", "^sleep 600$"], capture_output=True, text=True).stdout
+    assert left.split() == []  # the process it had left inside went with the namespace

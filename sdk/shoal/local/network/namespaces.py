@@ -10,14 +10,16 @@ every ``algo-N``.
 
 ``plan()`` is pure data (names, addresses, hosts files, commands); ``JobNetwork`` runs it, and
 removes it whatever happened. The slot's owner (pid and start time) is recorded in
-``/run/shoal-netns/S.json``: a later job removes the namespaces of an owner that is gone
-(a supervisor killed with SIGKILL cannot clean up after itself).
+``/run/shoal-netns/S.json``: a later job removes the namespaces of an owner that is gone, and
+every process still in them (a supervisor killed with SIGKILL cannot clean up after itself).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,6 +187,14 @@ def remove(slot: int, namespaces: Sequence[str], run: Run = run_command, owners:
     present = set(list_namespaces(run))
     for ns in reversed(list(namespaces)):
         if ns in present:
+            # a process left inside (its job's supervisor was killed outright) would keep
+            # the namespace, and its sshd or rank, alive after the name is gone
+            pids = run(["ip", "netns", "pids", ns]).stdout or ""
+            for pid in (int(p) for p in pids.split() if p.isdigit()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             run(["ip", "netns", "delete", ns])
         shutil.rmtree(netns_etc / ns, ignore_errors=True)
     (owners / f"{slot}.json").unlink(missing_ok=True)

@@ -204,6 +204,12 @@ def _run_hosts(job_root, hosts, base, timeout, python, grace, output) -> int:
     finally:
         for relay in relays:
             relay.join(timeout=5)  # the rest of the output, unless a grandchild holds the pipe
+    return job_exit_code(procs)
+
+
+def job_exit_code(procs: Sequence[subprocess.Popen]) -> int:
+    """The job's code from its hosts' (the master first): the master's, or the first
+    non-zero one."""
     codes = [p.returncode for p in procs]
     return codes[0] or next((c for c in codes if c), 0)
 

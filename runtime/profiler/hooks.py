@@ -51,11 +51,22 @@ class Recorder:
         self.step_ends: list[float] = []  # when recent steps ended, and their numbers
         self.step_nums: list[int] = []
         self.drain_lock = threading.Lock()
+        self.draining = False
         atexit.register(self.close)
 
     def close(self) -> None:
         self.drain_backend()
         self.writer.close()
+
+    def marked_step(self, start: float, end: float, mode: str = "TRAIN",
+                    step_num: int | None = None) -> None:
+        """A step the script (or its framework's loop) marked itself: then optimizer steps
+        are not counted as steps."""
+        self.manual = True
+        num = self.step_num if step_num is None else step_num
+        self.span(f"Step:ModeKeys.{mode}", "Step", start, end, step_num=num)
+        self.step_ended(end, num)
+        self.step_num += 1
 
     def step_ended(self, now: float, step_num: int) -> None:
         self.step_ends.append(now)
@@ -90,7 +101,7 @@ class Recorder:
         return len(records)
 
     def start_draining(self) -> None:
-        if getattr(self, "draining", False):
+        if self.draining:
             return
         self.draining = True
 
@@ -144,11 +155,7 @@ def step(step_num: int | None = None, mode: str = "TRAIN"):
         yield
     finally:
         if rec is not None:
-            rec.manual = True
-            end, num = time.time(), rec.step_num if step_num is None else step_num
-            rec.span(f"Step:ModeKeys.{mode}", "Step", start, end, step_num=num)
-            rec.step_ended(end, num)
-            rec.step_num += 1
+            rec.marked_step(start, time.time(), mode, step_num)
 
 
 def install_torch() -> None:
@@ -403,11 +410,7 @@ def install_keras() -> None:
             self.began = time.time()
 
         def on_train_batch_end(self, batch, logs=None):
-            rec.manual = True
-            end = time.time()
-            rec.span(TRAIN, "Step", self.began, end, step_num=rec.step_num)
-            rec.step_ended(end, rec.step_num)
-            rec.step_num += 1
+            rec.marked_step(self.began, time.time())
 
         def on_test_batch_begin(self, batch, logs=None):
             self.began = time.time()

@@ -19,6 +19,7 @@ import click
 from . import config as config_mod
 from .errors import ConfigError, ShoalError, exit_code_for
 from .handles import local_handle, parse_handle, sagemaker_handle
+from .local.network import NETWORK_MODES
 
 OUTPUT = click.option("--output", "output", type=click.Choice(["text", "json"]), default="text",
                       show_default=True, help="Result format.")
@@ -76,7 +77,7 @@ def _hyperparameters(values):
 @click.option("--input", "-i", "inputs", multiple=True, metavar="CHANNEL=URI")
 @click.option("--env", "-e", "environment", multiple=True, metavar="NAME=VALUE")
 @click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
-@click.option("--network", "local_network", type=click.Choice(["loopback", "namespaces"]),
+@click.option("--network", "local_network", type=click.Choice(NETWORK_MODES),
               help="Local jobs: hosts on loopback, or in network namespaces of their own (root).")
 @click.option("--link", "local_link", metavar="SPEC",
               help="Local jobs in namespaces: an emulated link, e.g. rate=10gbit,delay=50us.")

@@ -27,6 +27,7 @@ import attrs
 import yaml
 
 from .errors import ConfigError
+from .local.network import NETWORK_MODES
 
 FRAMEWORKS = ("pytorch", "tensorflow", "estimator")
 LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
@@ -97,7 +98,7 @@ class JobSpec:
     # local jobs only: hosts on loopback (simulated) or in network namespaces of their own,
     # and the link emulated between namespaced hosts ("rate=10gbit,delay=50us")
     local_network: str | None = attrs.field(
-        default=None, validator=_opt(attrs.validators.in_(("loopback", "namespaces"))))
+        default=None, validator=_opt(attrs.validators.in_(NETWORK_MODES)))
     local_link: str | None = _field(str)
 
     @classmethod

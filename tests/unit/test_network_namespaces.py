@@ -38,8 +38,10 @@ def test_setup_puts_eth0_in_each_host_and_the_other_end_on_the_bridge():
             assert "netns" in c
 
 
-def test_teardown_deletes_every_namespace_hosts_first():
-    assert plan(["algo-1", "algo-2"], 3).teardown_commands() == [
+def test_teardown_deletes_every_namespace_hosts_first(tmp_path):
+    ip = FakeIp(existing=plan(["algo-1", "algo-2"], 3).namespaces)
+    namespaces.remove(3, plan(["algo-1", "algo-2"], 3).namespaces, ip, tmp_path, tmp_path)
+    assert [c for c in ip.calls if c[:3] == ["ip", "netns", "delete"]] == [
         ["ip", "netns", "delete", "shoal-net3-algo-2"],
         ["ip", "netns", "delete", "shoal-net3-algo-1"],
         ["ip", "netns", "delete", "shoal-net3"]]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, InputError, Interrupted, JobFailedError, JobStoppedError
 from ..local import layout, process, state, storage
+from ..local.network import network_mode
 
 POLL_SECONDS = 0.1
 
@@ -38,8 +39,6 @@ class LocalBackend:
             raise ConfigError(f"a local job named {request['TrainingJobName']!r} already exists "
                               f"in {paths.job_dir}")
         layout.host_names(request)  # refuse a malformed request before anything runs
-        from ..local.runner import network_mode
-
         network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
         _check_local_sources(request)
         paths.job_dir.mkdir(parents=True)

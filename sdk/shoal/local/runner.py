@@ -25,6 +25,7 @@ import psutil
 
 from ..errors import InputError
 from . import layout, log_streams, process, state, storage
+from .network import network_mode
 
 FAILURE_LIMIT = 1024
 TIMEOUT_EXIT = 124  # simulate.run_job's code when MaxRuntimeInSeconds ran out
@@ -55,10 +56,10 @@ class Supervisor:
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
         code = local_code(self.request)
+        interface = "eth0" if self.network == "namespaces" else layout.LOCAL_NETWORK_INTERFACE
         for host in self.hosts:
             config = self.paths.config_dir(host)
             config.mkdir(parents=True, exist_ok=True)
-            interface = "eth0" if self.network == "namespaces" else layout.LOCAL_NETWORK_INTERFACE
             for name, content in layout.config_files(self.request, host, interface).items():
                 (config / name).write_text(json.dumps(content, indent=1))
             for sub in ("model", "output/data", "code"):
@@ -227,9 +228,6 @@ class StopRequested(BaseException):
     """Raised in the supervisor's main thread by SIGTERM/SIGINT (BaseException: not a failure)."""
 
 
-NETWORK_MODES = ("loopback", "namespaces")
-
-
 def local_image(environ, request: dict):
     """``SHOAL_LOCAL_IMAGE``: the image each namespaced host runs inside (buildah; its store
     from ``SHOAL_LOCAL_BUILDAH_ROOT`` when not buildah's default), or None."""
@@ -243,15 +241,6 @@ def local_image(environ, request: dict):
     store = Buildah(root=environ.get("SHOAL_LOCAL_BUILDAH_ROOT") or None)
     return Image(reference, tuple(store.global_args()),
                  dict(request.get("Environment") or {}))
-
-
-def network_mode(environ) -> str:
-    """``SHOAL_LOCAL_NETWORK``: ``loopback`` (simulated hosts, the default) or ``namespaces``."""
-    mode = environ.get("SHOAL_LOCAL_NETWORK") or "loopback"
-    if mode not in NETWORK_MODES:
-        raise InputError(f"'SHOAL_LOCAL_NETWORK' must be one of {', '.join(NETWORK_MODES)} "
-                         f"(got {mode!r})")
-    return mode
 
 
 def end_descendants() -> None:

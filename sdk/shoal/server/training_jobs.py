@@ -173,9 +173,7 @@ class TrainingJobs:
 
     @staticmethod
     def _write_tags(job_dir: Path, tags: list[dict]) -> None:
-        tmp = job_dir / f".{TAGS_FILE}.tmp"
-        tmp.write_text(json.dumps(tags))
-        tmp.replace(job_dir / TAGS_FILE)
+        state.write(job_dir / TAGS_FILE, tags)  # atomic, as the job's record
 
 
 def _offset(token: str | None) -> int:

@@ -36,7 +36,7 @@ from shoal.launcher import simulate
 
 from . import preflight
 from .links import LinkSpec
-from .namespaces import JobNetwork, list_namespaces
+from .namespaces import JobNetwork, NetworkError, list_namespaces, namespace_pids, signal_namespaces
 
 MOUNT_POINT = "/opt/ml"
 SSH_DIR = "ssh"
@@ -112,7 +112,7 @@ class Image:
                                   capture_output=True, text=True)
             if done.returncode != 0:
                 self.remove(made)
-                raise preflight.NetworkError(f"buildah from {self.reference}: "
+                raise NetworkError(f"buildah from {self.reference}: "
                                              f"{done.stderr.strip()[-500:]}")
             made[h.host] = done.stdout.strip().splitlines()[-1]
         return made
@@ -169,8 +169,7 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
         finally:
             for relay in relays:
                 relay.join(timeout=5)
-        codes = [p.returncode for p in procs]
-        return codes[0] or next((c for c in codes if c), 0)
+        return simulate.job_exit_code(procs)
     finally:
         end_namespaces(network, procs, grace)
         if image is not None:
@@ -185,22 +184,10 @@ def end_namespaces(network: JobNetwork, procs, grace: float) -> None:
         return
     present = set(list_namespaces())
     names = [h.namespace for h in network.plan.hosts if h.namespace in present]
-
-    def pids() -> list[int]:
-        found = []
-        for ns in names:
-            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-            found += [int(p) for p in out.stdout.split() if p.isdigit()]
-        return found
-
     for sig, wait in ((signal.SIGTERM, min(grace, 10.0)), (signal.SIGKILL, 5.0)):
-        for pid in pids():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_namespaces(names, sig)
         deadline = time.monotonic() + wait
-        while pids() and time.monotonic() < deadline:
+        while namespace_pids(names) and time.monotonic() < deadline:
             time.sleep(0.1)
     for p in procs:
         if p.poll() is None:

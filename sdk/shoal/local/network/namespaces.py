@@ -97,10 +97,6 @@ class NetworkPlan:
                              for c in qdisc_commands(self.link, "eth0", netem)]
         return commands
 
-    def teardown_commands(self) -> list[list[str]]:
-        # a namespace's veth ends go with it
-        return [["ip", "netns", "delete", ns] for ns in reversed(self.namespaces)]
-
 
 def plan(hosts: Sequence[str], slot: int, link: LinkSpec | None = None) -> NetworkPlan:
     if slot not in SLOTS:
@@ -181,20 +177,33 @@ def list_namespaces(run: Run = run_command) -> list[str]:
     return [line.split()[0] for line in (done.stdout or "").splitlines() if line.strip()]
 
 
+def namespace_pids(names: Sequence[str], run: Run = run_command) -> list[int]:
+    """The processes inside the namespaces ``names``."""
+    found = []
+    for ns in names:
+        found += [int(p) for p in (run(["ip", "netns", "pids", ns]).stdout or "").split()
+                  if p.isdigit()]
+    return found
+
+
+def signal_namespaces(names: Sequence[str], sig: int, run: Run = run_command) -> None:
+    for pid in namespace_pids(names, run):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def remove(slot: int, namespaces: Sequence[str], run: Run = run_command, owners: Path = OWNERS,
            netns_etc: Path = NETNS_ETC) -> None:
-    """Deletes a slot's namespaces, their hosts files and its owner record (idempotent)."""
+    """Deletes a slot's namespaces (hosts first, the bridge's last; their veth ends go with
+    them), their hosts files and its owner record (idempotent)."""
     present = set(list_namespaces(run))
     for ns in reversed(list(namespaces)):
         if ns in present:
             # a process left inside (its job's supervisor was killed outright) would keep
             # the namespace, and its sshd or rank, alive after the name is gone
-            pids = run(["ip", "netns", "pids", ns]).stdout or ""
-            for pid in (int(p) for p in pids.split() if p.isdigit()):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            signal_namespaces([ns], signal.SIGKILL, run)
             run(["ip", "netns", "delete", ns])
         shutil.rmtree(netns_etc / ns, ignore_errors=True)
     (owners / f"{slot}.json").unlink(missing_ok=True)

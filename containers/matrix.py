@@ -65,12 +65,26 @@ def specs(framework: str | None = None) -> list[ImageSpec]:
 
 
 def find(framework: str, framework_version: str, py_version: str | None = None) -> ImageSpec | None:
-    """The entry for a framework version; "1.13" matches "1.13.1". None when absent."""
-    for spec in specs(framework):
-        full, short = spec.framework_version, ".".join(spec.framework_version.split(".")[:2])
-        if framework_version in (full, short) and py_version in (None, spec.py_version):
-            return spec
-    return None
+    """The entry for a framework version, None when absent. A version without its patch
+    ("1.12") is the newest patch release of that minor version in the matrix ("1.12.1"),
+    as the SageMaker SDK's version aliases resolve it."""
+    entries = specs(framework)
+    exact = [spec for spec in entries if spec.framework_version == framework_version]
+    if not exact:
+        same_minor = [spec for spec in entries if minor(spec.framework_version) == framework_version]
+        newest = max((spec.framework_version for spec in same_minor), key=release, default=None)
+        exact = [spec for spec in same_minor if spec.framework_version == newest]
+    return next((spec for spec in exact if py_version in (None, spec.py_version)), None)
+
+
+def minor(version: str) -> str:
+    """"1.12.1" -> "1.12"."""
+    return ".".join(version.split(".")[:2])
+
+
+def release(version: str) -> tuple[int, ...]:
+    """"2.10.1" -> (2, 10, 1), for ordering releases."""
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
 def registry_domain(region: str) -> str:

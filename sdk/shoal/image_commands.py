@@ -17,8 +17,10 @@ def _image_options(command):
     frameworks = sorted({spec.framework for spec in matrix.specs()})
     decorators = [
         click.option("--framework", required=True, type=click.Choice(frameworks)),
-        click.option("--version", "framework_version", required=True,
-                     help="Framework version of the matrix, e.g. 1.13.1 (or 1.13)."),
+        # --framework-version as `shoal run` and the job files name it; --version stays an alias.
+        click.option("--framework-version", "--version", "framework_version", required=True,
+                     help="Framework version of the matrix, e.g. 1.13.1 (or 1.13: its newest "
+                          "patch release)."),
         click.option("--processor", type=click.Choice(matrix.PROCESSORS), default="gpu",
                      show_default=True),
     ]

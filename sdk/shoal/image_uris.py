@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from shoal import frameworks
 from shoal.containers import matrix
 from shoal.errors import ImageError
 
@@ -64,3 +65,21 @@ def training_image_uri(framework: str | None, framework_version: str | None,
         return local_image_name(framework, framework_version, py_version, instance_type)
     account = account() if callable(account) else account
     return shoal_image_uri(framework, framework_version, py_version, instance_type, account, region)
+
+
+def version_table() -> str:
+    """The README's table of framework versions: one row per matrix entry, with its CUDA 11
+    stack and the distributions the SDK accepts for it (the same rules the estimators apply)."""
+    rows = ["| Framework | Version | Python | CUDA (GPU image) | NCCL | smdistributed "
+            "dataparallel | torch_distributed / MWMS |",
+            "|---|---|---|---|---|---|---|"]
+    for spec in matrix.specs():
+        smddp = frameworks.smddp_supports(spec.framework, spec.framework_version)
+        if spec.framework == "pytorch":
+            launcher = spec.framework_version in frameworks.TORCH_DISTRIBUTED_GPU_VERSIONS
+        else:
+            launcher = frameworks.mwms_supports(spec.framework_version)
+        rows.append(f"| {spec.framework} | {spec.framework_version} | {spec.py_version} | "
+                    f"{spec.cuda} ({spec.cuda_tag}) | {spec.nccl} | {'yes' if smddp else 'no'} | "
+                    f"{'yes' if launcher else 'no'} |")
+    return "\n".join(rows) + "\n"

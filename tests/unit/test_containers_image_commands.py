@@ -13,8 +13,8 @@ def invoke(*args):
 
 def test_dry_run_prints_the_rendered_dockerfile_and_builds_nothing(monkeypatch):
     monkeypatch.setattr(builders, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
-    result = invoke("build", "--framework", "pytorch", "--version", "1.13.1", "--processor", "cpu",
-                    "--base", "localhost/base:1", "--python", "3", "--dry-run")
+    result = invoke("build", "--framework", "pytorch", "--framework-version", "1.13.1",
+                    "--processor", "cpu", "--base", "localhost/base:1", "--python", "3", "--dry-run")
     assert result.exit_code == 0, result.output
     expected = render.render_dockerfile(render.BuildOptions(
         "pytorch", "1.13.1", "cpu", base="localhost/base:1", python="3"))

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 from shoal.errors import LaunchError
+from shoal.launcher import gpus
 from shoal.launcher import hyperparameters as hp
 from shoal.launcher.paths import JobPaths, rebase_all
 
@@ -51,16 +50,8 @@ def _read_json(path: str) -> Any:
 
 
 def count_gpus() -> int:
-    """GPUs listed by ``nvidia-smi --list-gpus`` (0 without the tool)."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    """The GPUs this host's ranks may use: the machine's, narrowed by CUDA_VISIBLE_DEVICES."""
+    return gpus.count(os.environ)
 
 
 def _check_hosts(instance, attribute, hosts):

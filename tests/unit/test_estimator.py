@@ -145,7 +145,8 @@ def test_framework_entry_point_rules(aws):
 
 def test_unsupported_framework_version_lists_supported_ones(aws):
     with pytest.raises(ImageError, match=r"no Shoal image for pytorch 2\.1 py310; supported: "
-                                         r"1\.12\.1 \(py38\), 1\.13\.1 \(py39\)"):
+                                         r"1\.10\.0 \(py38\), .*, 1\.13\.1 \(py39\), 2\.0\.0 \(py310\), "
+                                         r"2\.0\.1 \(py310\) \(or pass image_uri=\)"):
         pytorch(framework_version="2.1", py_version="py310")
 
 

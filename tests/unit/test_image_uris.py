@@ -38,8 +38,33 @@ def test_local_mode_uses_the_local_tag():
 
 def test_unknown_version_lists_the_supported_ones():
     with pytest.raises(ImageError, match=r"no Shoal image for tensorflow 1\.15; supported: "
-                                         r"2\.10\.1 \(py39\), 2\.11\.0 \(py39\)"):
+                                         r"2\.4\.1 \(py37\), 2\.4\.3 \(py37\), .* "
+                                         r"2\.14\.1 \(py310\) \(or pass image_uri=\)"):
         training_image_uri("tensorflow", "1.15", None, "ml.c5.xlarge", account="1",
                            region="us-west-2")
     with pytest.raises(ImageError, match="image_uri is required"):
         training_image_uri(None, None, None, "ml.c5.xlarge", account="1", region="us-west-2")
+
+
+def test_the_readmes_version_table_is_the_matrixs():
+    """The README's table is generated from the matrix and the version rules, never edited."""
+    from pathlib import Path
+
+    from shoal.image_uris import version_table
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    start, end = "<!-- version-table -->\n", "<!-- /version-table -->"
+    assert start in readme and end in readme
+    table = readme.split(start, 1)[1].split(end, 1)[0]
+    assert table == version_table(), "regenerate with: python -c 'from shoal.image_uris import " \
+        "version_table; print(version_table(), end=\"\")'"
+
+
+def test_the_version_table_has_a_row_per_matrix_entry_with_its_rules():
+    from shoal.containers import matrix
+    from shoal.image_uris import version_table
+
+    rows = version_table().splitlines()[2:]
+    assert len(rows) == len(matrix.specs())
+    assert "| pytorch | 1.13.1 | py39 | 11.7 (cu117) | 2.14.3 | yes | yes |" in rows
+    assert all(row.endswith("| yes | no |") for row in rows if row.startswith("| pytorch | 1.12"))

@@ -11,6 +11,7 @@ botocore's own model of the API.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import types
 import warnings
@@ -24,6 +25,7 @@ from moto import mock_aws
 sagemaker = pytest.importorskip("sagemaker")
 
 import shoal  # noqa: E402
+import shoal.errors  # noqa: E402
 import shoal.inputs  # noqa: E402
 from shoal.containers import matrix  # noqa: E402
 
@@ -61,20 +63,15 @@ def aws(monkeypatch, tmp_path):
         yield tmp_path
 
 
-def v2_request(kind: str, kwargs: dict, inputs, region="us-west-2", local=False) -> dict:
+def v2_request(kind: str, kwargs: dict, inputs, region="us-west-2", local=False,
+               session=None) -> dict:
     """The request sagemaker 2.x sends for ``kind`` (PyTorch, TensorFlow, Estimator)."""
     from sagemaker.estimator import Estimator
     from sagemaker.pytorch import PyTorch
     from sagemaker.tensorflow import TensorFlow
 
-    boto_session = boto3.Session(region_name=region)
-    if local:
-        from sagemaker.local import LocalSession
-
-        session = LocalSession(boto_session=boto_session)
-        session.config = {"local": {"local_code": True}}
-    else:
-        session = sagemaker.session.Session(boto_session=boto_session)
+    if session is None:
+        session = v2_session(region, local)
     captured = {}
     session.sagemaker_client.create_training_job = lambda **request: captured.update(request)
     cls = {"PyTorch": PyTorch, "TensorFlow": TensorFlow, "Estimator": Estimator}[kind]
@@ -85,9 +82,20 @@ def v2_request(kind: str, kwargs: dict, inputs, region="us-west-2", local=False)
     return captured
 
 
-def shoal_request(kind: str, kwargs: dict, inputs, region="us-west-2") -> dict:
-    session = shoal.Session(boto_session=boto3.Session(region_name=region),
-                            local_mode=kwargs.get("instance_type") == "local")
+def v2_session(region: str, local: bool):
+    boto_session = boto3.Session(region_name=region)
+    if not local:
+        return sagemaker.session.Session(boto_session=boto_session)
+    from sagemaker.local import LocalSession
+
+    session = LocalSession(boto_session=boto_session)
+    session.config = {"local": {"local_code": True}}
+    return session
+
+
+def shoal_request(kind: str, kwargs: dict, inputs, region="us-west-2", session=None) -> dict:
+    session = session or shoal.Session(boto_session=boto3.Session(region_name=region),
+                                       local_mode=kwargs.get("instance_type") == "local")
     cls = getattr(shoal, kind)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -115,10 +123,14 @@ def without_deliberate_differences(request: dict) -> dict:
     return out
 
 
-def validate_with_botocore(request: dict) -> None:
+@functools.lru_cache(maxsize=1)
+def create_training_job_shape():
     model = botocore.session.get_session().get_service_model("sagemaker")
-    botocore.validate.validate_parameters(
-        request, model.operation_model("CreateTrainingJob").input_shape)
+    return model.operation_model("CreateTrainingJob").input_shape
+
+
+def validate_with_botocore(request: dict) -> None:
+    botocore.validate.validate_parameters(request, create_training_job_shape())
 
 
 def expected_image(kind, kwargs, region="us-west-2"):
@@ -318,3 +330,130 @@ def test_every_distribution_key_is_covered():
         keys |= set(kwargs_of(shoal_names()).get("distribution", {}))
     assert keys >= {"smdistributed", "mpi", "torch_distributed", "pytorchddp",
                     "parameter_server", "multi_worker_mirrored_strategy", "instance_groups"}
+
+
+# ---- every version of the image matrix, with every distribution v2 knows -------------------
+
+SMP = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+    "partitions": 2, "microbatches": 4}}}, "mpi": {"enabled": True, "processes_per_host": 8}}
+# distribution name -> (distribution dict or None, instance type, instance count)
+MATRIX_DISTRIBUTIONS = {
+    "pytorch": {
+        "cpu": (None, "ml.c5.xlarge", 1),
+        "smddp": (smddp(), "ml.p4d.24xlarge", 2),
+        "modelparallel": (SMP, "ml.p4d.24xlarge", 2),
+        "mpi": ({"mpi": {"enabled": True, "processes_per_host": 8}}, "ml.p4d.24xlarge", 2),
+        "torch_distributed": ({"torch_distributed": {"enabled": True}}, "ml.p4d.24xlarge", 2),
+        "pytorchddp": ({"pytorchddp": {"enabled": True}}, "ml.p4d.24xlarge", 2),
+    },
+    "tensorflow": {
+        "cpu": (None, "ml.c5.xlarge", 1),
+        "smddp": (smddp(), "ml.p4d.24xlarge", 2),
+        "modelparallel": (SMP, "ml.p4d.24xlarge", 2),
+        "mpi": ({"mpi": {"enabled": True, "processes_per_host": 8}}, "ml.p4d.24xlarge", 2),
+        "mwms": ({"multi_worker_mirrored_strategy": {"enabled": True}}, "ml.p4d.24xlarge", 2),
+        "parameter_server": ({"parameter_server": {"enabled": True}}, "ml.c5.xlarge", 2),
+    },
+}
+MATRIX_CASES = [(spec.framework, spec.framework_version, spec.py_version, name)
+                for spec in matrix.specs() for name in MATRIX_DISTRIBUTIONS[spec.framework]]
+
+
+def matrix_kwargs(framework, framework_version, py_version, name):
+    """A job of this version and distribution. Its code and output are in S3 already: what
+    these cases compare is the version and the distribution (the upload has its own cases)."""
+    distribution, instance_type, count = MATRIX_DISTRIBUTIONS[framework][name]
+    kwargs = {"entry_point": "train.py", "source_dir": "s3://code-bucket/prebuilt/sourcedir.tar.gz",
+              "output_path": "s3://out-bucket/matrix", "role": ROLE,
+              "framework_version": framework_version, "py_version": py_version,
+              "instance_type": instance_type, "instance_count": count}
+    return {**kwargs, "distribution": distribution} if distribution else kwargs
+
+
+@pytest.fixture(scope="module")
+def sdks():
+    """One mocked account and one session of each SDK for the matrix's cases (creating the
+    sessions' clients had been most of each case's time); fake credentials of its own, as
+    the suite's per-test fixture comes after it."""
+    from sagemaker.telemetry import telemetry_logging
+
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [key for key in os.environ if key.startswith("AWS_")]:
+            patch.delenv(key)
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            patch.setenv(key, "testing")
+        patch.setenv("AWS_CONFIG_FILE", os.devnull)
+        patch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        patch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        patch.setenv("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+        patch.setattr(telemetry_logging, "_requests_helper", lambda *a, **k: None)
+        with mock_aws():
+            boto_session = boto3.Session(region_name="us-west-2")
+            yield types.SimpleNamespace(
+                v2=sagemaker.session.Session(boto_session=boto_session),
+                shoal=shoal.Session(boto_session=boto_session))
+
+
+def v2_outcome(kind, kwargs, session):
+    """v2's request, or the ValueError with which v2 refuses the configuration."""
+    try:
+        return v2_request(kind, kwargs, "s3://data/train", session=session), None
+    except ValueError as refusal:
+        return None, refusal
+
+
+@pytest.mark.parametrize("framework,version,py_version,name", MATRIX_CASES,
+                         ids=["-".join(case) for case in MATRIX_CASES])
+def test_every_matrix_version_builds_v2s_request_or_is_refused_as_v2_refuses(
+        sdks, framework, version, py_version, name):
+    kind = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}[framework]
+    kwargs = matrix_kwargs(framework, version, py_version, name)
+    theirs, refusal = v2_outcome(kind, kwargs, sdks.v2)
+    if refusal is not None:
+        with pytest.raises(shoal.errors.ConfigError) as ours:
+            shoal_request(kind, kwargs, "s3://data/train", session=sdks.shoal)
+        # the same reason: the strategy and the version (or Python) v2 names
+        assert version in str(ours.value) or py_version in str(ours.value), (refusal, ours.value)
+        return
+    ours = shoal_request(kind, kwargs, "s3://data/train", session=sdks.shoal)
+    validate_with_botocore(ours)
+    assert ours["AlgorithmSpecification"]["TrainingImage"] == expected_image(kind, kwargs)
+    assert without_deliberate_differences(ours) == without_deliberate_differences(theirs)
+
+
+MINORS = sorted({(spec.framework, matrix.minor(spec.framework_version)) for spec in matrix.specs()})
+
+
+@pytest.mark.parametrize("framework,short", MINORS, ids=["-".join(m) for m in MINORS])
+def test_a_version_without_its_patch_is_v2s_alias(sdks, framework, short):
+    """"1.12" is v2's alias of its newest patch release: the same request, and Shoal's image
+    of that release."""
+    from sagemaker import image_uris as v2_image_uris
+
+    spec = matrix.find(framework, short)
+    assert v2_image_uris.config_for_framework(framework)["training"]["version_aliases"][short] \
+        == spec.framework_version
+    kind = {"pytorch": "PyTorch", "tensorflow": "TensorFlow"}[framework]
+    kwargs = matrix_kwargs(framework, short, spec.py_version, "cpu")
+    ours = shoal_request(kind, kwargs, "s3://data/train", session=sdks.shoal)
+    assert ours["AlgorithmSpecification"]["TrainingImage"].endswith(
+        f":{spec.framework_version}-cpu-{spec.py_version}")
+    theirs = v2_request(kind, kwargs, "s3://data/train", session=sdks.v2)
+    assert without_deliberate_differences(ours) == without_deliberate_differences(theirs)
+
+
+def test_the_matrix_holds_every_cuda11_version_v2_accepts():
+    """PyTorch 1.10 through 2.0.1 and TensorFlow 2.4.1 through 2.14.1 (its CUDA 11 images:
+    v2's TensorFlow 2.3 image is CUDA 10.2, 2.16 on is CUDA 12): every training version of v2's
+    own configuration, with v2's Python version."""
+    from sagemaker import image_uris as v2_image_uris
+
+    def v2_versions(framework, low, high):
+        versions = v2_image_uris.config_for_framework(framework)["training"]["versions"]
+        return {(v, tuple(spec["py_versions"])) for v, spec in versions.items()
+                if low <= matrix.release(v) <= high}
+
+    ours = {(s.framework, s.framework_version, (s.py_version,)) for s in matrix.specs()}
+    wanted = ({("pytorch", *entry) for entry in v2_versions("pytorch", (1, 10), (2, 0, 1))}
+              | {("tensorflow", *entry) for entry in v2_versions("tensorflow", (2, 4, 1), (2, 14, 1))})
+    assert wanted == ours

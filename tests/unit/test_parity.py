@@ -410,10 +410,12 @@ def test_every_matrix_version_builds_v2s_request_or_is_refused_as_v2_refuses(
     kwargs = matrix_kwargs(framework, version, py_version, name)
     theirs, refusal = v2_outcome(kind, kwargs, sdks.v2)
     if refusal is not None:
-        with pytest.raises(shoal.errors.ConfigError) as ours:
+        with pytest.raises(shoal.errors.DistributionError) as ours:
             shoal_request(kind, kwargs, "s3://data/train", session=sdks.shoal)
-        # the same reason: the strategy and the version (or Python) v2 names
-        assert version in str(ours.value) or py_version in str(ours.value), (refusal, ours.value)
+        # the same reason: the strategy and the version v2 names
+        strategy = next(iter(kwargs["distribution"]))
+        assert f"distribution['{strategy}']" in str(ours.value), (refusal, ours.value)
+        assert f"'{version}'" in str(ours.value) and version in str(refusal)
         return
     ours = shoal_request(kind, kwargs, "s3://data/train", session=sdks.shoal)
     validate_with_botocore(ours)

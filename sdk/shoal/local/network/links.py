@@ -89,7 +89,8 @@ def qdisc_commands(spec: LinkSpec, device: str = "eth0", netem: bool = True) -> 
     ``netem``: whether this kernel has the netem qdisc (see ``preflight``)."""
     if spec.delay_us and not netem:
         raise LinkError("a link delay needs the kernel's netem qdisc, which this kernel does "
-                        "not have ('tc qdisc add ... netem' fails); a rate alone works (tbf)")
+                        "not have ('tc qdisc add ... netem' fails: a kernel built without "
+                        "CONFIG_NET_SCH_NETEM); a rate alone works (tbf)")
     commands = []
     if spec.delay_us:
         netem_args = ["delay", f"{spec.delay_us:g}us"]

@@ -100,3 +100,13 @@ def test_build_failures_are_runtime_failures(tmp_path):
     with pytest.raises(RuntimeFailure, match="c10d extension in .* failed.*no compiler"):
         with build._explained(tmp_path):
             raise RuntimeError("no compiler")
+
+
+def test_the_backend_takes_cuda_tensors_only_where_torch_is_built_with_cuda(monkeypatch):
+    import torch
+    from shoal.dataparallel.torch import backend
+
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    assert backend.backend_devices() == ["cpu"]
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    assert backend.backend_devices() == ["cpu", "cuda"]

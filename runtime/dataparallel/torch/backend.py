@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import re
 
+import torch
 import torch.distributed as torch_dist
 from shoal.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 
@@ -69,16 +70,24 @@ def is_registered(name: str = BACKEND_NAME) -> bool:
     return name.upper() in torch_dist.Backend._plugins
 
 
+def backend_devices() -> list[str]:
+    """The tensor devices the backend takes: the CPU, and CUDA where this torch is built with
+    it (CUDA tensors are staged through pinned host memory: csrc/staging.h). Asked of the
+    build, not the driver: nothing here initialises CUDA before a process forks."""
+    return ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
+
+
 def register_backend() -> None:
-    """Register ``shoal`` and its aliases for CPU tensors, and give torch's DDP on them
-    defaults without gradient copies or a division pass (see ``ddp_defaults``). Idempotent."""
+    """Register ``shoal`` and its aliases for CPU (and CUDA) tensors, and give torch's DDP on
+    them defaults without gradient copies or a division pass (see ``ddp_defaults``).
+    Idempotent."""
     from . import ddp_defaults
 
     ddp_defaults.install()
     for name in (BACKEND_NAME, *ALIASES):
         if not is_registered(name):
             torch_dist.Backend.register_backend(
-                name, create_from_options, extended_api=True, devices=["cpu"]
+                name, create_from_options, extended_api=True, devices=backend_devices()
             )
 
 

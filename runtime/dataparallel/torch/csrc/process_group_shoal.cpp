@@ -1,4 +1,5 @@
-// A c10d Backend over Shoal's collective core, for CPU tensors.
+// A c10d Backend over Shoal's collective core, for CPU tensors (and accelerator tensors,
+// staged through pinned host memory: staging.h).
 //
 // torch.distributed dispatches collectives of a process group created with
 // backend="shoal" to this class; DistributedDataParallel's C++ reducer needs a
@@ -30,6 +31,7 @@
 // leaves a record of its times and bytes when it goes.
 
 #include "activity.h"
+#include "staging.h"
 
 #include <shoal/core.h>
 
@@ -470,18 +472,33 @@ class ProcessGroupShoal : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::ALLREDUCE, tensors, tensors, [&](auto&, auto& host) {
+        return allreduce(host, opts);
+      });
+    }
     check_single(tensors);
     return reduce_tensors(tensors, to_op(opts.reduceOp), OpType::ALLREDUCE);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::ALLREDUCE_COALESCED, tensors, tensors, [&](auto&, auto& host) {
+        return allreduce_coalesced(host, opts);
+      });
+    }
     for (const auto& tensor : tensors) check_cpu(tensor);
     return reduce_tensors(tensors, to_op(opts.reduceOp), OpType::ALLREDUCE_COALESCED);
   }
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::REDUCE, tensors, tensors, [&](auto&, auto& host) {
+        return reduce(host, opts);
+      });
+    }
     check_single(tensors);
     check_root(opts.rootRank);
     at::Tensor tensor = tensors[0];
@@ -496,6 +513,11 @@ class ProcessGroupShoal : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
+    if (on_accelerator(tensors)) {  // only the root's bytes matter: the others' go up only
+      const bool root = rank_ == opts.rootRank;
+      return staged(OpType::BROADCAST, root ? tensors : std::vector<at::Tensor>{}, tensors,
+                    [&](auto&, auto& host) { return broadcast(host, opts); });
+    }
     check_single(tensors);
     check_root(opts.rootRank);
     at::Tensor tensor = tensors[0];
@@ -512,6 +534,12 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& /*opts*/) override {
+    if (on_accelerator(inputs) || on_accelerator(flatten(outputs))) {
+      return staged(OpType::ALLGATHER, inputs, flatten(outputs), [&](auto& down, auto& up) {
+        auto lists = unflatten(up, outputs);
+        return allgather(lists, down, c10d::AllgatherOptions());
+      });
+    }
     check_single(inputs);
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
                 "shoal backend: allgather needs one output list of group-size tensors");
@@ -523,6 +551,13 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& /*opts*/) override {
+    if (on_accelerator(inputs) || on_accelerator(flatten(outputs))) {
+      return staged(OpType::ALLGATHER_COALESCED, inputs, flatten(outputs),
+                    [&](auto& down, auto& up) {
+                      auto lists = unflatten(up, outputs);
+                      return allgather_coalesced(lists, down, c10d::AllgatherOptions());
+                    });
+    }
     TORCH_CHECK(static_cast<int>(outputs.size()) == size_,
                 "shoal backend: allgather_coalesced needs group-size output lists");
     std::vector<std::vector<at::Tensor>> targets(inputs.size());
@@ -550,6 +585,11 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& /*opts*/) override {
+    if (on_accelerator(inputs) || on_accelerator(outputs)) {
+      return staged(OpType::_ALLGATHER_BASE, inputs, outputs, [&](auto& down, auto& up) {
+        return allgather_into_tensor_coalesced(up, down, c10d::AllgatherOptions());
+      });
+    }
     TORCH_CHECK(outputs.size() == inputs.size(),
                 "shoal backend: allgather_into_tensor needs one output per input");
     for (size_t i = 0; i < inputs.size(); ++i) {  // all checked before any is issued
@@ -574,6 +614,12 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
+    if (on_accelerator(inputs) || on_accelerator(flatten(outputs))) {
+      return staged(OpType::GATHER, inputs, flatten(outputs), [&](auto& down, auto& up) {
+        auto lists = unflatten(up, outputs);
+        return gather(lists, down, opts);
+      });
+    }
     check_single(inputs);
     check_root(opts.rootRank);
     const int root = static_cast<int>(opts.rootRank);
@@ -606,6 +652,12 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
+    if (on_accelerator(outputs) || on_accelerator(flatten(inputs))) {
+      return staged(OpType::SCATTER, flatten(inputs), outputs, [&](auto& down, auto& up) {
+        auto lists = unflatten(down, inputs);
+        return scatter(up, lists, opts);
+      });
+    }
     check_single(outputs);
     check_root(opts.rootRank);
     at::Tensor output = outputs[0];
@@ -635,6 +687,12 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
+    if (on_accelerator(outputs) || on_accelerator(flatten(inputs))) {
+      return staged(OpType::REDUCE_SCATTER, flatten(inputs), outputs, [&](auto& down, auto& up) {
+        auto lists = unflatten(down, inputs);
+        return reduce_scatter(up, lists, opts);
+      });
+    }
     check_single(outputs);
     TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
                 "shoal backend: reduce_scatter needs one input list of group-size tensors");
@@ -661,6 +719,11 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
+    if (on_accelerator(inputs) || on_accelerator(outputs)) {
+      return staged(OpType::_REDUCE_SCATTER_BASE, inputs, outputs, [&](auto& down, auto& up) {
+        return reduce_scatter_tensor_coalesced(up, down, opts);
+      });
+    }
     TORCH_CHECK(outputs.size() == inputs.size(),
                 "shoal backend: reduce_scatter_tensor_coalesced needs one output per input");
     const shoal::ReduceOp op = to_op(opts.reduceOp);
@@ -691,6 +754,11 @@ class ProcessGroupShoal : public c10d::Backend {
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& /*opts*/) override {
+    if (on_accelerator({output, input})) {
+      return staged(OpType::ALLTOALL_BASE, {input}, {output}, [&](auto& down, auto& up) {
+        return alltoall_base(up[0], down[0], output_splits, input_splits, c10d::AllToAllOptions());
+      });
+    }
     check_cpu(output);
     check_cpu(input);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
@@ -713,6 +781,11 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& /*opts*/) override {
+    if (on_accelerator(inputs) || on_accelerator(outputs)) {
+      return staged(OpType::ALLTOALL, inputs, outputs, [&](auto& down, auto& up) {
+        return alltoall(up, down, c10d::AllToAllOptions());
+      });
+    }
     TORCH_CHECK(static_cast<int>(outputs.size()) == size_ &&
                     static_cast<int>(inputs.size()) == size_,
                 "shoal backend: all_to_all needs group-size inputs and group-size outputs");
@@ -744,6 +817,11 @@ class ProcessGroupShoal : public c10d::Backend {
   // ---- point-to-point: the core's transfers, outside the collectives' order ----
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::SEND, tensors, {}, [&](auto& down, auto&) {
+        return send(down, dst, tag);
+      });
+    }
     check_single(tensors);
     check_peer(dst, "send");
     at::Tensor flat = tensors[0].contiguous();
@@ -753,12 +831,20 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::RECV, {}, tensors, [&](auto&, auto& up) { return recv(up, src, tag); });
+    }
     check_single(tensors);
     check_peer(src, "recv");
     return receive(tensors, src, tag, OpType::RECV);
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    if (on_accelerator(tensors)) {
+      return staged(OpType::RECVANYSOURCE, {}, tensors, [&](auto&, auto& up) {
+        return recvAnysource(up, tag);
+      });
+    }
     check_single(tensors);
     return receive(tensors, shoal::kAnySource, tag, OpType::RECVANYSOURCE);
   }
@@ -778,6 +864,16 @@ class ProcessGroupShoal : public c10d::Backend {
   }
 
  private:
+  // Accelerator tensors: the same operation on pinned host copies (staging.h); a blocking
+  // wait for the copies releases the interpreter lock.
+  c10::intrusive_ptr<c10d::Work> staged(OpType type, const std::vector<at::Tensor>& down,
+                                        const std::vector<at::Tensor>& up, const Stager::Run& run) {
+    return stager_.stage(rank_, type, down, up, run, [](const std::function<void()>& wait) {
+      WithoutGil nogil;
+      wait();
+    });
+  }
+
   // Profiling on: `work` records itself (activity.h) from now, its issue.
   void track(ShoalWork& work, OpType type, size_t bytes, const char* mode) {
     if (!activity_on()) return;
@@ -985,6 +1081,7 @@ class ProcessGroupShoal : public c10d::Backend {
   const bool across_hosts_ = group_->topology().num_hosts > 1;
   // The end of this group's latest operation (profiling: when the next queued one starts).
   const std::shared_ptr<std::atomic<int64_t>> last_done_ = std::make_shared<std::atomic<int64_t>>(0);
+  Stager stager_;
 };
 
 // ---- creating backends --------------------------------------------------------

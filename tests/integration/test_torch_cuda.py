@@ -1,0 +1,161 @@
+"""CUDA tensors on the shoal backend (host-staged through pinned memory, csrc/staging.h):
+every collective and point-to-point operation, several dtypes and sizes, two ranks sharing
+one GPU (the host-staged path allows it, NCCL does not); stream order (a kernel queued right
+after a collective sees its result); DDP on a GPU model trains to gloo's parameters.
+
+Needs a CUDA device; skipped, saying so, where torch sees none.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_port  # noqa: E402
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.torch, pytest.mark.runtime, pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="needs a CUDA device: torch.cuda.is_available() is False here"),
+]
+
+WORLD = 2
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]
+SIZES = [1, 1000, 16 << 20]  # elements: up to 64 MiB of float32
+
+
+def spawn(target, *args):
+    """`target(rank, queue, *args)` in WORLD spawned ranks; their results, by rank."""
+    import torch.multiprocessing as mp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(target, args=(results, *args), nprocs=WORLD, start_method="spawn",
+                       join=True)
+    return dict(results.get() for _ in range(WORLD))
+
+
+def _init(rank, backend):
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())  # two ranks may share one GPU
+    dist.init_process_group(backend, rank=rank, world_size=WORLD)
+    return dist, torch.device("cuda", torch.cuda.current_device())
+
+
+def collectives_main(rank, results, dtype_name, size):
+    dist, device = _init(rank, "shoal")
+    dtype = getattr(torch, dtype_name)
+    failures = []
+
+    def check(name, got, want):
+        if not torch.equal(got.cpu(), want.cpu()):
+            failures.append(name)
+
+    def values(r, n=size):  # small integers: exact in every dtype, sums included
+        return (torch.arange(n, device=device) % 7 + r + 1).to(dtype)
+
+    t = values(rank)
+    dist.all_reduce(t)
+    check("all_reduce", t, values(0) + values(1))
+    t = values(rank)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    check("all_reduce max", t, values(1))
+    t = values(rank)
+    dist.broadcast(t, src=1)
+    check("broadcast", t, values(1))
+    t = values(rank)
+    dist.reduce(t, dst=0)
+    if rank == 0:
+        check("reduce", t, values(0) + values(1))
+    whole = torch.empty(WORLD * size, dtype=dtype, device=device)
+    dist.all_gather_into_tensor(whole, values(rank))
+    check("all_gather_into_tensor", whole, torch.cat([values(0), values(1)]))
+    parts = [torch.empty(size, dtype=dtype, device=device) for _ in range(WORLD)]
+    dist.all_gather(parts, values(rank))
+    check("all_gather", torch.cat(parts), torch.cat([values(0), values(1)]))
+    out = torch.empty(size, dtype=dtype, device=device)
+    dist.reduce_scatter_tensor(out, torch.cat([values(rank), values(rank)]))
+    check("reduce_scatter_tensor", out, values(0) + values(1))
+    if size % WORLD == 0:
+        got = torch.empty(size, dtype=dtype, device=device)
+        dist.all_to_all_single(got, values(rank))
+        half = size // WORLD
+        want = torch.cat([values(r)[rank * half:(rank + 1) * half] for r in range(WORLD)])
+        check("all_to_all_single", got, want)
+    if rank == 0:
+        dist.send(values(0), dst=1)
+    else:
+        got = torch.empty(size, dtype=dtype, device=device)
+        dist.recv(got, src=0)
+        check("send/recv", got, values(0))
+    gathered = [torch.empty(size, dtype=dtype, device=device) for _ in range(WORLD)]
+    dist.gather(values(rank), gathered if rank == 0 else None, dst=0)
+    if rank == 0:
+        check("gather", torch.cat(gathered), torch.cat([values(0), values(1)]))
+    got = torch.empty(size, dtype=dtype, device=device)
+    dist.scatter(got, [values(0), values(1)] if rank == 0 else None, src=0)
+    check("scatter", got, values(rank))
+    dist.barrier()
+    dist.destroy_process_group()
+    results.put((rank, failures))
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_operation_on_cuda_tensors_of_two_ranks_sharing_a_gpu(dtype, size):
+    results = spawn(collectives_main, dtype, size)
+    assert results == {0: [], 1: []}
+
+
+def stream_order_main(rank, results):
+    dist, device = _init(rank, "shoal")
+    seen = []
+    for _ in range(20):
+        t = torch.full((4 << 20,), float(rank + 1), device=device)
+        torch.cuda._sleep(1_000_000)  # the caller's stream is busy when the collective is issued
+        t.add_(1)  # queued behind the sleep: the collective must wait for it
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        doubled = t * 2  # a kernel queued right after: sees the reduced values
+        seen.append(float(doubled[-1].item()))
+    dist.destroy_process_group()
+    results.put((rank, seen))
+
+
+def test_the_callers_stream_is_ordered_around_the_collective():
+    results = spawn(stream_order_main)
+    assert results == {rank: [2 * (2 + 3)] * 20 for rank in range(WORLD)}
+
+
+def ddp_main(rank, results, backend):
+    dist, device = _init(rank, backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(10):
+        x = torch.randn(32, 64, generator=generator).to(device)
+        y = torch.randint(0, 10, (32,), generator=generator).to(device)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    params = [p.detach().cpu() for p in model.parameters()]
+    dist.destroy_process_group()
+    results.put((rank, params))
+
+
+def test_ddp_on_a_gpu_model_trains_to_gloos_parameters():
+    ours, gloos = spawn(ddp_main, "shoal"), spawn(ddp_main, "gloo")
+    for rank in range(WORLD):
+        for mine, theirs in zip(ours[rank], gloos[rank]):
+            assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(ours[0], ours[1]):
+        assert torch.equal(mine, theirs)  # the ranks agree exactly

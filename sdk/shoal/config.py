@@ -27,10 +27,10 @@ import attrs
 import yaml
 
 from .errors import ConfigError
+from .frameworks import LOCAL_INSTANCE_TYPES
 from .local.network import NETWORK_MODES
 
 FRAMEWORKS = ("pytorch", "tensorflow", "estimator")
-LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
 PROCESSES_PER_HOST_HP = "sagemaker_mpi_num_of_processes_per_host"
 
 _opt = attrs.validators.optional

@@ -38,6 +38,9 @@ TORCH_DISTRIBUTED_TRAINIUM_VERSIONS: tuple[str, ...] = (
     "1.11", "1.11.0", "1.12", "1.12.0", "1.12.1", "1.13.1", "2.0.0",
 )  # fmt: skip
 
+#: The instance types that run a job on this machine (local mode).
+LOCAL_INSTANCE_TYPES: tuple[str, ...] = ("local", "local_gpu")
+
 #: The only distribution strategies Trainium instances accept.
 TRAINIUM_STRATEGIES: tuple[str, ...] = ("torch_distributed",)
 
@@ -68,7 +71,7 @@ def instance_family(instance_type: str | None) -> str | None:
 
 def is_local(instance_type: str | None) -> bool:
     """True for local mode ("local" or "local_gpu")."""
-    return instance_type in ("local", "local_gpu")
+    return instance_type in LOCAL_INSTANCE_TYPES
 
 
 def is_gpu_instance(instance_type: str | None) -> bool:

@@ -117,7 +117,6 @@ RECORD_WRAPPERS = enum("InputDataConfig[].RecordWrapperType")
 FILE_SYSTEM_TYPES = enum("InputDataConfig[].DataSource.FileSystemDataSource.FileSystemType")
 FILE_SYSTEM_ACCESS_MODES = enum(
     "InputDataConfig[].DataSource.FileSystemDataSource.FileSystemAccessMode")
-LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
 
 
 # ---- validators (attrs signature: (instance, attribute, value)); None always passes ----

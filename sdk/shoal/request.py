@@ -16,6 +16,7 @@ from shoal import inputs as inputs_
 from shoal import limits, secrets
 from shoal.debugger import request as debugger
 from shoal.errors import InputError, ValidationError
+from shoal.frameworks import LOCAL_INSTANCE_TYPES
 from shoal.limits import between, boolean, fail, items, kms_key, one_of, s3_uri, text
 
 # ---- converters and validators of the structured arguments ----
@@ -76,7 +77,7 @@ def _optional_tuple(value):
 
 
 def _instance_types(_, attribute, value):
-    one_of(limits.INSTANCE_TYPES + limits.LOCAL_INSTANCE_TYPES)(_, attribute, value)
+    one_of(limits.INSTANCE_TYPES + LOCAL_INSTANCE_TYPES)(_, attribute, value)
 
 
 @attrs.frozen
@@ -180,7 +181,7 @@ class TrainingConfig:
 
     @property
     def local_mode(self) -> bool:
-        return self.instance_type in limits.LOCAL_INSTANCE_TYPES
+        return self.instance_type in LOCAL_INSTANCE_TYPES
 
     def evolve(self, **changes) -> TrainingConfig:
         """A copy with some arguments changed, validated again."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, runtime_checkable
 
-LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
+from shoal.frameworks import LOCAL_INSTANCE_TYPES
 
 
 @runtime_checkable

@@ -19,7 +19,6 @@ import attrs
 
 from ..errors import InputError
 
-LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
 DEFAULT_GROUP = "homogeneousCluster"
 CONTAINER_BASE = "/opt/ml"
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ports import free_port  # noqa: E402
+from staged_collectives import WORLD, run_collectives  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +23,6 @@ pytestmark = [
                        reason="needs a CUDA device: torch.cuda.is_available() is False here"),
 ]
 
-WORLD = 2
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"]
 SIZES = [1, 1000, 16 << 20]  # elements: up to 64 MiB of float32
 
@@ -50,58 +50,7 @@ def _init(rank, backend):
 
 def collectives_main(rank, results, dtype_name, size):
     dist, device = _init(rank, "shoal")
-    dtype = getattr(torch, dtype_name)
-    failures = []
-
-    def check(name, got, want):
-        if not torch.equal(got.cpu(), want.cpu()):
-            failures.append(name)
-
-    def values(r, n=size):  # small integers: exact in every dtype, sums included
-        return (torch.arange(n, device=device) % 7 + r + 1).to(dtype)
-
-    t = values(rank)
-    dist.all_reduce(t)
-    check("all_reduce", t, values(0) + values(1))
-    t = values(rank)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    check("all_reduce max", t, values(1))
-    t = values(rank)
-    dist.broadcast(t, src=1)
-    check("broadcast", t, values(1))
-    t = values(rank)
-    dist.reduce(t, dst=0)
-    if rank == 0:
-        check("reduce", t, values(0) + values(1))
-    whole = torch.empty(WORLD * size, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(whole, values(rank))
-    check("all_gather_into_tensor", whole, torch.cat([values(0), values(1)]))
-    parts = [torch.empty(size, dtype=dtype, device=device) for _ in range(WORLD)]
-    dist.all_gather(parts, values(rank))
-    check("all_gather", torch.cat(parts), torch.cat([values(0), values(1)]))
-    out = torch.empty(size, dtype=dtype, device=device)
-    dist.reduce_scatter_tensor(out, torch.cat([values(rank), values(rank)]))
-    check("reduce_scatter_tensor", out, values(0) + values(1))
-    if size % WORLD == 0:
-        got = torch.empty(size, dtype=dtype, device=device)
-        dist.all_to_all_single(got, values(rank))
-        half = size // WORLD
-        want = torch.cat([values(r)[rank * half:(rank + 1) * half] for r in range(WORLD)])
-        check("all_to_all_single", got, want)
-    if rank == 0:
-        dist.send(values(0), dst=1)
-    else:
-        got = torch.empty(size, dtype=dtype, device=device)
-        dist.recv(got, src=0)
-        check("send/recv", got, values(0))
-    gathered = [torch.empty(size, dtype=dtype, device=device) for _ in range(WORLD)]
-    dist.gather(values(rank), gathered if rank == 0 else None, dst=0)
-    if rank == 0:
-        check("gather", torch.cat(gathered), torch.cat([values(0), values(1)]))
-    got = torch.empty(size, dtype=dtype, device=device)
-    dist.scatter(got, [values(0), values(1)] if rank == 0 else None, src=0)
-    check("scatter", got, values(rank))
-    dist.barrier()
+    failures = run_collectives(dist, torch, device, getattr(torch, dtype_name), size)
     dist.destroy_process_group()
     results.put((rank, failures))
 

@@ -71,10 +71,13 @@ def is_registered(name: str = BACKEND_NAME) -> bool:
 
 
 def backend_devices() -> list[str]:
-    """The tensor devices the backend takes: the CPU, and CUDA where this torch is built with
-    it (CUDA tensors are staged through pinned host memory: csrc/staging.h). Asked of the
-    build, not the driver: nothing here initialises CUDA before a process forks."""
-    return ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
+    """The tensor devices the backend takes: the CPU, CUDA where this torch is built with it,
+    and an accelerator registered under torch's PrivateUse1 type, under its name: their
+    tensors are staged through pinned host memory (csrc/staging.h, device-generic). Asked of
+    the build, not the driver: nothing here initialises CUDA before a process forks."""
+    devices = ["cpu", "cuda"] if torch.backends.cuda.is_built() else ["cpu"]
+    private = torch._C._get_privateuse1_backend_name()
+    return devices if private == "privateuseone" else [*devices, private]
 
 
 def register_backend() -> None:

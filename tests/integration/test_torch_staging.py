@@ -78,9 +78,8 @@ def spawn(library, dtype, size):
             (results.get() for _ in range(WORLD))}
 
 
-@pytest.mark.parametrize("dtype,size", [("float32", 1), ("float32", 100_000),
-                                        ("bfloat16", 1000), ("int64", 3000),
-                                        ("uint8", 1 << 20)])
+@pytest.mark.parametrize("dtype,size", [("float32", 1), ("bfloat16", 1000),
+                                        ("int64", 100_001), ("uint8", 1 << 20)])
 def test_every_operation_is_staged_through_host_memory_and_back(fake_library, dtype, size):
     results = spawn(fake_library, dtype, size)
     for rank, (failures, counters) in results.items():

@@ -1,7 +1,8 @@
 """The backend's host staging (csrc/staging.h) on a machine without a GPU: a fake
 accelerator (fake_accelerator/, torch's PrivateUse1 device type backed by host memory)
 stands in for CUDA, so every collective and point-to-point operation goes down to pinned host
-memory, through the CPU core, and back, with its future on the device; the device's own
+memory, through the CPU core, and back, with its future on the device (a large allreduce in
+chunks whose copies and reductions overlap); the device's own
 counters show the staging recorded its events, made the side stream wait and told the
 allocator which stream used which tensors. Its copies are synchronous: stream order itself
 is the CUDA tests' to check (test_torch_cuda.py)."""
@@ -54,7 +55,12 @@ def attach_fake_device(library):
     return fake
 
 
+# Allreduces above 64 KiB go in chunks (the two larger cases), the others whole.
+CHUNK_BYTES = 64 << 10
+
+
 def rank_main(rank, library, port, dtype_name, size, results):
+    os.environ["SHOAL_TORCH_STAGING_CHUNK_BYTES"] = str(CHUNK_BYTES)
     fake = attach_fake_device(library)
     import shoal.dataparallel.torch  # noqa: F401 - registers the backend, the device included
     import torch.distributed as dist
@@ -82,7 +88,10 @@ def spawn(library, dtype, size):
                                         ("int64", 100_001), ("uint8", 1 << 20)])
 def test_every_operation_is_staged_through_host_memory_and_back(fake_library, dtype, size):
     results = spawn(fake_library, dtype, size)
+    nbytes = size * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+    chunks = -(-nbytes // CHUNK_BYTES)  # each waited for on its own, in each of 3 allreduces
     for rank, (failures, counters) in results.items():
+        assert counters["events_synchronized"] >= 3 * chunks, counters
         assert failures == [], (rank, failures)
         # every staged call: the caller's stream recorded and the side stream made to wait,
         # the host copies waited for, the tensors recorded on the side stream, the future's

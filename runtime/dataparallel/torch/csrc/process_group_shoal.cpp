@@ -404,6 +404,17 @@ size_t eager_bytes() {
   return bytes;
 }
 
+// An accelerator tensor's allreduce above this size is staged in chunks of it, so that its
+// copies and its reduction overlap (staging.h).
+size_t staging_chunk_bytes() {
+  static const size_t bytes = [] {
+    const char* raw = std::getenv("SHOAL_TORCH_STAGING_CHUNK_BYTES");
+    return raw != nullptr && *raw != '\0' ? static_cast<size_t>(std::strtoull(raw, nullptr, 10))
+                                          : size_t{4} << 20;
+  }();
+  return std::max<size_t>(bytes, 1);
+}
+
 size_t total_bytes(const std::vector<at::Tensor>& tensors) {
   size_t n = 0;
   for (const auto& t : tensors) n += t.nbytes();
@@ -473,6 +484,14 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     if (on_accelerator(tensors)) {
+      const size_t chunk = staging_chunk_bytes();
+      if (tensors.size() == 1 && tensors[0].is_contiguous() && tensors[0].nbytes() > chunk) {
+        const int64_t elements = std::max<int64_t>(1, chunk / tensors[0].element_size());
+        return stager_.allreduce_chunks(rank_, tensors[0], elements, [&](at::Tensor& host) {
+          std::vector<at::Tensor> one{host};
+          return allreduce(one, opts);
+        }, without_gil);
+      }
       return staged(OpType::ALLREDUCE, tensors, tensors, [&](auto&, auto& host) {
         return allreduce(host, opts);
       });
@@ -868,10 +887,12 @@ class ProcessGroupShoal : public c10d::Backend {
   // wait for the copies releases the interpreter lock.
   c10::intrusive_ptr<c10d::Work> staged(OpType type, const std::vector<at::Tensor>& down,
                                         const std::vector<at::Tensor>& up, const Stager::Run& run) {
-    return stager_.stage(rank_, type, down, up, run, [](const std::function<void()>& wait) {
-      WithoutGil nogil;
-      wait();
-    });
+    return stager_.stage(rank_, type, down, up, run, without_gil);
+  }
+
+  static void without_gil(const std::function<void()>& wait) {
+    WithoutGil nogil;
+    wait();
   }
 
   // Profiling on: `work` records itself (activity.h) from now, its issue.

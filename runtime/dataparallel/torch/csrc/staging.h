@@ -27,7 +27,10 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -165,6 +168,73 @@ class Stager {
     return work;
   }
 
+  // A large allreduce in chunks, so that its stages overlap: every chunk's copy to the host
+  // is queued at once, each chunk's CPU reduction is issued as soon as its bytes are on the
+  // host (while the later ones are still copying down), and each chunk goes back up as soon as
+  // it is reduced. Every rank cuts the same chunks (their sizes follow from the tensor's).
+  // `reduce` issues one chunk's reduction (a host tensor, reduced in place).
+  c10::intrusive_ptr<c10d::Work> allreduce_chunks(
+      int rank, const at::Tensor& tensor, int64_t chunk_elements,
+      const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& reduce,
+      const std::function<void(const std::function<void()>&)>& block) {
+    const c10::Device device = common_device({tensor}, {tensor});
+    c10::impl::VirtualGuardImpl impl(device.type());
+    c10::DeviceGuard on_device(device);
+    const c10::Stream side = side_stream(device, impl);
+    const at::Tensor flat = tensor.view({-1});
+    const at::Tensor host = pinned_like(flat);
+    const int64_t count = (flat.numel() + chunk_elements - 1) / chunk_elements;
+
+    c10::Event ready(device.type());
+    ready.record(impl.getStream(device));
+    ready.block(side);
+    std::vector<c10::Event> copied;
+    {
+      c10::StreamGuard on_side(side);
+      for (int64_t c = 0; c < count; ++c) {
+        host.narrow(0, c * chunk_elements, chunk_length(flat, c, chunk_elements))
+            .copy_(flat.narrow(0, c * chunk_elements, chunk_length(flat, c, chunk_elements)),
+                   /*non_blocking=*/true);
+        copied.emplace_back(device.type());
+        copied.back().record(side);
+      }
+      impl.recordDataPtrOnStream(tensor.storage().data_ptr(), side);
+    }
+    std::vector<c10::intrusive_ptr<c10d::Work>> chunks;
+    std::vector<at::Tensor> pieces;
+    for (int64_t c = 0; c < count; ++c) {
+      block([&copied, c] { copied[c].synchronize(); });
+      pieces.push_back(host.narrow(0, c * chunk_elements, chunk_length(flat, c, chunk_elements)));
+      chunks.push_back(reduce(pieces.back()));
+    }
+    auto work = c10::make_intrusive<StagedWork>(rank, c10d::OpType::ALLREDUCE,
+                                                std::vector<at::Tensor>{tensor}, device,
+                                                chunks.back());
+    auto left = std::make_shared<std::atomic<int64_t>>(count);
+    auto failed = std::make_shared<std::atomic<bool>>(false);
+    for (int64_t c = 0; c < count; ++c) {
+      at::Tensor target = flat.narrow(0, c * chunk_elements, chunk_length(flat, c, chunk_elements));
+      chunks[c]->getFuture()->addCallback(
+          [work, device, side, target, piece = pieces[c], left, failed](c10::ivalue::Future& done) {
+            if (done.hasError()) {
+              if (!failed->exchange(true)) work->fail(done.exception_ptr());
+              return;
+            }
+            try {
+              c10::DeviceGuard on_device(device);
+              c10::StreamGuard on_side(side);
+              at::Tensor into = target;
+              into.copy_(piece, /*non_blocking=*/true);
+              // the last chunk back completes the work, with every chunk's copy queued before it
+              if (left->fetch_sub(1) == 1 && !failed->load()) work->complete();
+            } catch (...) {
+              if (!failed->exchange(true)) work->fail(std::current_exception());
+            }
+          });
+    }
+    return work;
+  }
+
  private:
   static c10::Device common_device(const std::vector<at::Tensor>& down,
                                    const std::vector<at::Tensor>& up) {
@@ -180,6 +250,10 @@ class Stager {
     }
     TORCH_CHECK(device && !device->is_cpu(), "shoal backend: nothing to stage");
     return *device;
+  }
+
+  static int64_t chunk_length(const at::Tensor& flat, int64_t c, int64_t chunk_elements) {
+    return std::min(chunk_elements, flat.numel() - c * chunk_elements);
   }
 
   static at::Tensor pinned_like(const at::Tensor& tensor) {

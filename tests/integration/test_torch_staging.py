@@ -100,3 +100,48 @@ def test_every_operation_is_staged_through_host_memory_and_back(fake_library, dt
         assert counters["events_synchronized"] >= 10, counters
         assert counters["pointers_recorded"] >= 20, counters
         assert counters["events_recorded"] >= 20, counters
+
+
+def ddp_main(rank, library, port, backend, results):
+    if backend == "shoal":
+        attach_fake_device(library)
+    import shoal.dataparallel.torch  # noqa: F401
+    import torch.distributed as dist
+
+    device = torch.device(DEVICE, 0) if backend == "shoal" else torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)  # 3 buckets
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        x = torch.randn(8, 16, generator=generator).to(device)
+        y = torch.randint(0, 4, (8,), generator=generator).to(device)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    params = [p.detach().to("cpu").numpy() for p in model.parameters()]  # no shared memory
+    dist.destroy_process_group()
+    results.put((rank, params))
+
+
+def test_ddp_on_a_device_model_trains_to_gloos_parameters_on_the_cpu(fake_library):
+    """DDP's reducer on device buckets: its futures carry the device, its hooks chain on them."""
+    import torch.multiprocessing as mp
+
+    trained = {}
+    for backend in ("shoal", "gloo"):
+        ctx = mp.get_context("spawn")
+        results = ctx.SimpleQueue()
+        mp.start_processes(ddp_main, args=(fake_library, free_port(), backend, results),
+                           nprocs=WORLD, start_method="spawn", join=True)
+        trained[backend] = dict(results.get() for _ in range(WORLD))
+    for rank in range(WORLD):
+        for ours, gloos in zip(trained["shoal"][rank], trained["gloo"][rank]):
+            assert torch.allclose(torch.from_numpy(ours), torch.from_numpy(gloos),
+                                  rtol=1e-5, atol=1e-6)
+    for first, second in zip(trained["shoal"][0], trained["shoal"][1]):
+        assert (first == second).all()

@@ -1,8 +1,9 @@
 // A fake accelerator for tests on machines without one: torch's PrivateUse1 device type
 // backed by host memory. One device; streams and events exist (ids, records, blocks) but
 // everything runs at once, so copies are synchronous and every event is complete. Enough of
-// ATen for tensors to be moved to it and back (empty, empty_strided, copies, views), and
-// pinned host memory served through its hooks, as a real accelerator's runtime does.
+// ATen for tensors to be moved to it and back (empty, empty_strided, copies, views), every
+// other operator run on the CPU (torch's CPU fallback), and pinned host memory served through
+// its hooks, as a real accelerator's runtime does.
 //
 // Counters of what a caller asked of the device interfaces let tests check that
 // device-generic code (the backend's host staging) recorded its events, made streams wait,
@@ -13,6 +14,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -186,6 +188,16 @@ at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
     strides[i] = strides[i + 1] * std::max<int64_t>(inferred[i + 1], 1);
   }
   return strided_view(self, inferred, strides, self.storage_offset());
+}
+
+// Every other operator runs on the CPU over the same bytes (torch's CPU fallback moves the
+// arguments with the copies above): models train on the device.
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

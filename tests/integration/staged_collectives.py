@@ -84,3 +84,35 @@ def run_collectives(dist, torch, device, dtype, size: int) -> list[str]:
         failures.append("future's value on its device")
     dist.barrier()
     return failures
+
+
+def train_ddp(torch, device, device_ids=None, steps: int = 5, bucket_cap_mb: float = 0.002):
+    """A small model trained with DDP on `device` (tiny buckets: several per step), each rank
+    on data of its own; its parameters as NumPy arrays (they cross process queues without
+    shared memory)."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                    bucket_cap_mb=bucket_cap_mb)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=generator).to(device)
+        y = torch.randint(0, 4, (8,), generator=generator).to(device)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    return [p.detach().to("cpu").numpy() for p in model.parameters()]
+
+
+def assert_trained_alike(torch, ours: dict, gloos: dict) -> None:
+    """Each rank's parameters on shoal close to gloo's; shoal's ranks equal."""
+    for rank in range(WORLD):
+        for mine, theirs in zip(ours[rank], gloos[rank]):
+            assert torch.allclose(torch.from_numpy(mine), torch.from_numpy(theirs),
+                                  rtol=1e-5, atol=1e-6)
+    for first, second in zip(ours[0], ours[1]):
+        assert (first == second).all()

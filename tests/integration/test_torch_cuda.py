@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ports import free_port  # noqa: E402
-from staged_collectives import WORLD, run_collectives  # noqa: E402
+from staged_collectives import WORLD, assert_trained_alike, run_collectives, train_ddp  # noqa: E402,E501
 
 torch = pytest.importorskip("torch")
 
@@ -84,27 +84,10 @@ def test_the_callers_stream_is_ordered_around_the_collective():
 
 def ddp_main(rank, results, backend):
     dist, device = _init(rank, backend)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10)).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    generator = torch.Generator().manual_seed(rank)
-    for _ in range(10):
-        x = torch.randn(32, 64, generator=generator).to(device)
-        y = torch.randint(0, 10, (32,), generator=generator).to(device)
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        optimizer.step()
-    params = [p.detach().cpu() for p in model.parameters()]
+    params = train_ddp(torch, device, device_ids=[device.index], steps=10)
     dist.destroy_process_group()
     results.put((rank, params))
 
 
 def test_ddp_on_a_gpu_model_trains_to_gloos_parameters():
-    ours, gloos = spawn(ddp_main, "shoal"), spawn(ddp_main, "gloo")
-    for rank in range(WORLD):
-        for mine, theirs in zip(ours[rank], gloos[rank]):
-            assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(ours[0], ours[1]):
-        assert torch.equal(mine, theirs)  # the ranks agree exactly
+    assert_trained_alike(torch, spawn(ddp_main, "shoal"), spawn(ddp_main, "gloo"))

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ports import free_port  # noqa: E402
-from staged_collectives import WORLD, run_collectives  # noqa: E402
+from staged_collectives import WORLD, assert_trained_alike, run_collectives, train_ddp  # noqa: E402,E501
 
 torch = pytest.importorskip("torch")
 
@@ -111,19 +111,7 @@ def ddp_main(rank, library, port, backend, results):
     device = torch.device(DEVICE, 0) if backend == "shoal" else torch.device("cpu")
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 4)).to(device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)  # 3 buckets
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    generator = torch.Generator().manual_seed(rank)
-    for _ in range(5):
-        x = torch.randn(8, 16, generator=generator).to(device)
-        y = torch.randint(0, 4, (8,), generator=generator).to(device)
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        optimizer.step()
-    params = [p.detach().to("cpu").numpy() for p in model.parameters()]  # no shared memory
+    params = train_ddp(torch, device)
     dist.destroy_process_group()
     results.put((rank, params))
 
@@ -139,9 +127,4 @@ def test_ddp_on_a_device_model_trains_to_gloos_parameters_on_the_cpu(fake_librar
         mp.start_processes(ddp_main, args=(fake_library, free_port(), backend, results),
                            nprocs=WORLD, start_method="spawn", join=True)
         trained[backend] = dict(results.get() for _ in range(WORLD))
-    for rank in range(WORLD):
-        for ours, gloos in zip(trained["shoal"][rank], trained["gloo"][rank]):
-            assert torch.allclose(torch.from_numpy(ours), torch.from_numpy(gloos),
-                                  rtol=1e-5, atol=1e-6)
-    for first, second in zip(trained["shoal"][0], trained["shoal"][1]):
-        assert (first == second).all()
+    assert_trained_alike(torch, trained["shoal"], trained["gloo"])

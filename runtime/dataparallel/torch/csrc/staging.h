@@ -125,11 +125,13 @@ class Stager {
     c10::DeviceGuard on_device(device);
     const c10::Stream side = side_stream(device, impl);
 
+    // The side stream waits for what the caller queued before this call: the inputs' values,
+    // and any use of the outputs the copies back must come after (a receive's target too).
+    c10::Event ready(device.type());
+    ready.record(impl.getStream(device));
+    ready.block(side);
     std::vector<at::Tensor> host_down;
     if (!down.empty()) {
-      c10::Event ready(device.type());
-      ready.record(impl.getStream(device));  // what the caller queued before this call
-      ready.block(side);
       {
         c10::StreamGuard on_side(side);
         for (const auto& tensor : down) {

@@ -337,20 +337,20 @@ def test_every_distribution_key_is_covered():
 SMP = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
     "partitions": 2, "microbatches": 4}}}, "mpi": {"enabled": True, "processes_per_host": 8}}
 # distribution name -> (distribution dict or None, instance type, instance count)
+EVERY_FRAMEWORK = {
+    "cpu": (None, "ml.c5.xlarge", 1),
+    "smddp": (smddp(), "ml.p4d.24xlarge", 2),
+    "modelparallel": (SMP, "ml.p4d.24xlarge", 2),
+    "mpi": ({"mpi": {"enabled": True, "processes_per_host": 8}}, "ml.p4d.24xlarge", 2),
+}
 MATRIX_DISTRIBUTIONS = {
     "pytorch": {
-        "cpu": (None, "ml.c5.xlarge", 1),
-        "smddp": (smddp(), "ml.p4d.24xlarge", 2),
-        "modelparallel": (SMP, "ml.p4d.24xlarge", 2),
-        "mpi": ({"mpi": {"enabled": True, "processes_per_host": 8}}, "ml.p4d.24xlarge", 2),
+        **EVERY_FRAMEWORK,
         "torch_distributed": ({"torch_distributed": {"enabled": True}}, "ml.p4d.24xlarge", 2),
         "pytorchddp": ({"pytorchddp": {"enabled": True}}, "ml.p4d.24xlarge", 2),
     },
     "tensorflow": {
-        "cpu": (None, "ml.c5.xlarge", 1),
-        "smddp": (smddp(), "ml.p4d.24xlarge", 2),
-        "modelparallel": (SMP, "ml.p4d.24xlarge", 2),
-        "mpi": ({"mpi": {"enabled": True, "processes_per_host": 8}}, "ml.p4d.24xlarge", 2),
+        **EVERY_FRAMEWORK,
         "mwms": ({"multi_worker_mirrored_strategy": {"enabled": True}}, "ml.p4d.24xlarge", 2),
         "parameter_server": ({"parameter_server": {"enabled": True}}, "ml.c5.xlarge", 2),
     },

@@ -271,7 +271,11 @@ void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
     last_liveness_ = now;
     check_liveness(lagging, op, seen);
   }
-  if (now - since > std::chrono::milliseconds(timeout_ms_)) {
+  // A local peer that lags but lives may itself be waiting for a rank further away (a
+  // frozen or cut-off rank on another host), and its own time-out names that rank. Give it a
+  // tenth of the time-out (at most 2 s) to publish its failure (check_abort) before naming it.
+  const int grace_ms = std::min(timeout_ms_ / 10, 2000);
+  if (now - since > std::chrono::milliseconds(timeout_ms_ + grace_ms)) {
     std::vector<int> missing;
     for (int i : lagging) missing.push_back(peers_[i].global_rank);
     char secs[32];

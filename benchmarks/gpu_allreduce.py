@@ -16,17 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 
 SIZES = {"1M": 1 << 20, "64M": 64 << 20}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(fn, rounds: int, sync) -> float:
@@ -117,6 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     import torch.multiprocessing as mp
+    from shoal.launcher.ports import free_port
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here (torch.cuda.is_available() is False); "

@@ -5,6 +5,7 @@ image build."""
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import attrs
@@ -83,8 +84,16 @@ def minor(version: str) -> str:
 
 
 def release(version: str) -> tuple[int, ...]:
-    """"2.10.1" -> (2, 10, 1), for ordering releases."""
-    return tuple(int(part) for part in version.split(".") if part.isdigit())
+    """A release version as a tuple of ints, for ordering releases: "2.10.1" ->
+    (2, 10, 1); it ends at the first part that does not start with digits, and a
+    part's suffix is dropped ("2.0.0rc1" -> (2, 0, 0), "1.13.x" -> (1, 13))."""
+    parts = []
+    for piece in str(version).split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits[0]))
+    return tuple(parts)
 
 
 def registry_domain(region: str) -> str:

@@ -43,7 +43,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import psutil
+from shoal.launcher.ports import free_port
 from shoal.launcher.runners import TF_ADDRESSES_ENV, simulated_tf_addresses
 
 SIMULATED_ROOT_ENV = "SHOAL_SIMULATED_ROOT"
@@ -73,12 +73,6 @@ def tag_line(host: str, line: str) -> str:
 def agent_command(python: str = sys.executable) -> str:
     """The ``plm_rsh_agent`` value that runs remote commands on simulated hosts."""
     return f"{python} -m shoal.launcher.simulate"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def host_environment(job_root: str, host: str, base: Mapping[str, str]) -> dict[str, str]:

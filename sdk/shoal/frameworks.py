@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from shoal.containers.matrix import release
+
 #: Framework versions the data-parallel library (smdistributed.dataparallel) supports.
 #: TensorFlow >= 2.12 is not supported by the library.
 SMDDP_SUPPORTED_VERSIONS: dict[str, tuple[str, ...]] = {
@@ -129,7 +131,7 @@ def torch_distributed_versions(instance_type: str | None) -> tuple[str, ...] | N
 
 def mwms_supports(tensorflow_version: str) -> bool:
     """Whether MultiWorkerMirroredStrategy works with this TensorFlow version."""
-    return _version(tensorflow_version) >= _version(MWMS_MIN_TENSORFLOW_VERSION)
+    return release(tensorflow_version) >= release(MWMS_MIN_TENSORFLOW_VERSION)
 
 
 def smdistributed_supports_image(image_uri: str | None) -> bool:
@@ -140,7 +142,7 @@ def smdistributed_supports_image(image_uri: str | None) -> bool:
 def framework_profiling_deprecated(framework: str, framework_version: str) -> bool:
     """Framework profiling collects nothing from PyTorch 2.0 and TensorFlow 2.12 on."""
     threshold = {"pytorch": "2.0", "tensorflow": "2.12"}.get(framework)
-    return threshold is not None and _version(framework_version) >= _version(threshold)
+    return threshold is not None and release(framework_version) >= release(threshold)
 
 
 def suggest_version(framework_version: str, supported: tuple[str, ...]) -> str | None:
@@ -152,15 +154,4 @@ def suggest_version(framework_version: str, supported: tuple[str, ...]) -> str |
     candidates = [v for v in supported if v.startswith(prefix)]
     if not candidates:
         return None
-    return max(candidates, key=_version)
-
-
-def _version(text: str) -> tuple[int, ...]:
-    """A release version as a tuple of ints ("2.10.1" -> (2, 10, 1)); suffixes are ignored."""
-    parts = []
-    for piece in str(text).split("."):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits[0]))
-    return tuple(parts)
+    return max(candidates, key=release)

@@ -17,9 +17,7 @@ import uuid
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ports import free_port  # noqa: E402
+from shoal.launcher.ports import free_port
 
 MPIRUN = shutil.which("mpirun")
 HERE = os.path.abspath(__file__)

@@ -21,9 +21,7 @@ import uuid
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ports import free_port  # noqa: E402
+from shoal.launcher.ports import free_port
 
 HERE = os.path.abspath(__file__)
 MPIRUN = shutil.which("mpirun")

@@ -10,7 +10,8 @@ import time
 
 import psutil
 import pytest
-from shoal.launcher.simulate import free_port, host_environment, run_job
+from shoal.launcher.ports import free_port
+from shoal.launcher.simulate import host_environment, run_job
 
 pytestmark = [
     pytest.mark.mpi,

@@ -11,9 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ports import free_port  # noqa: E402
+from shoal.launcher.ports import free_port
 
 pytestmark = [pytest.mark.mpi, pytest.mark.torch, pytest.mark.runtime, pytest.mark.slow]
 

@@ -8,9 +8,7 @@ import os
 import sys
 
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ports import free_port  # noqa: E402
+from shoal.launcher.ports import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.runtime, pytest.mark.slow]
 

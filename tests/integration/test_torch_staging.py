@@ -15,7 +15,7 @@ import types
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ports import free_port  # noqa: E402
+from shoal.launcher.ports import free_port  # noqa: E402
 from staged_collectives import WORLD, assert_trained_alike, run_collectives, train_ddp  # noqa: E402,E501
 
 torch = pytest.importorskip("torch")

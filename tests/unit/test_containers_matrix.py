@@ -33,3 +33,19 @@ def test_image_uri_and_find():
     assert matrix.find("pytorch", "1.13.1", "py38") is None
     with pytest.raises(ValueError, match="'processor' must be in"):
         spec.tag("tpu")
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("2.10.1", (2, 10, 1)),
+    ("1.12", (1, 12)),
+    ("2.0.0rc1", (2, 0, 0)),
+    ("1.13.x", (1, 13)),
+    ("v2", ()),
+])
+def test_release_orders_versions_by_their_numbers(version, expected):
+    assert matrix.release(version) == expected
+
+
+def test_release_orders_a_two_digit_minor_after_a_one_digit_one():
+    assert matrix.release("2.10.0") > matrix.release("2.9.3")
+    assert max(["2.9.3", "2.10.0", "2.2.0"], key=matrix.release) == "2.10.0"

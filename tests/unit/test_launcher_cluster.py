@@ -6,7 +6,7 @@ import threading
 import pytest
 from shoal.errors import LaunchError
 from shoal.launcher import cluster
-from shoal.launcher.simulate import free_port
+from shoal.launcher.ports import free_port
 
 
 def test_workers_report_ready_and_receive_the_outcome():

@@ -1,4 +1,5 @@
-"""A port for a job's rendezvous (MASTER_PORT) that nothing else is about to take.
+"""A port for a job's rendezvous (MASTER_PORT, the status port) that nothing else is
+about to take.
 
 A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, the range every
 process's outgoing connections and other ``bind(0)`` calls draw from too: on a busy machine
@@ -23,6 +24,7 @@ def _ephemeral_low() -> int:
 
 
 def free_port() -> int:
+    """A port below the ephemeral range that nothing listens on now."""
     high = _ephemeral_low() - 1
     for _ in range(200):
         port = random.randint(LOWEST, high)

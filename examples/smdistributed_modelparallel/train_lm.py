@@ -12,11 +12,10 @@ import json
 import math
 import os
 
+import smdistributed.modelparallel.torch as smp
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import smdistributed.modelparallel.torch as smp
 
 
 class Block(nn.Module):

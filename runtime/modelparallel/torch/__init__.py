@@ -103,6 +103,23 @@ get_tp_process_group, get_rdp_process_group = _process_group(TP_GROUP), _process
 get_dp_process_group, get_mp_process_group = _process_group(DP_GROUP), _process_group(MP_GROUP)
 
 
+# The public API, as SMP names it (the imports above are re-exports).
+__all__ = [
+    "__version__", "CommGroup", "RankType", "amp", "state",
+    "load", "resume_from_checkpoint", "save", "save_checkpoint",
+    "allgather", "barrier", "broadcast", "gather", "recv_from", "send",
+    "dp_barrier", "mp_barrier", "pp_barrier", "rdp_barrier", "tp_barrier",
+    "StepOutput", "DistributedModel", "DistributedOptimizer", "partition", "set_partition", "step",
+    "WORLD", "PP_GROUP", "TP_GROUP", "RDP_GROUP", "DP_GROUP", "MP_GROUP",
+    "init", "is_initialized", "is_tracing", "num_microbatches",
+    "rank", "size", "local_rank", "local_size", "dp_rank", "dp_size", "pp_rank", "pp_size",
+    "mp_rank", "mp_size", "tp_rank", "tp_size", "rdp_rank", "rdp_size",
+    "get_world_group", "get_pp_group", "get_tp_group", "get_rdp_group", "get_dp_group",
+    "get_mp_group", "get_world_process_group", "get_pp_process_group", "get_tp_process_group",
+    "get_rdp_process_group", "get_dp_process_group", "get_mp_process_group",
+]
+
+
 if os.environ.get("SM_HP_MP_PARAMETERS") and os.environ.get("OMPI_COMM_WORLD_RANK") \
         and os.environ.get("SMP_MANUAL_INIT") != "1":
     init()

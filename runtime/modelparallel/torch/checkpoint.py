@@ -13,7 +13,6 @@ import re
 from typing import Any
 
 import torch
-
 from shoal.modelparallel.errors import SMPCheckpointError
 from shoal.modelparallel.torch import state as _state
 

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 from shoal.dataparallel import core
 from shoal.modelparallel.topology import CommGroup, RankType
-
 from shoal.modelparallel.torch import state as _state
 
 TAG_SIZE, TAG_BLOB = 7200, 7201

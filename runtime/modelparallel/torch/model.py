@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 from shoal.dataparallel import core
-
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.torch import placement as _partition
 from shoal.modelparallel.torch import state as _state
@@ -263,7 +262,6 @@ class DistributedModel(torch.nn.Module):
         if not self.partitioned:
             return self._user.state_dict()
         from shoal.modelparallel.topology import CommGroup
-
         from shoal.modelparallel.torch import comm
 
         parts = comm.allgather(self.local_state_dict(), CommGroup.PP_GROUP)

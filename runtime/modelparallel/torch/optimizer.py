@@ -12,7 +12,6 @@ import types
 from typing import Any
 
 import torch
-
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.topology import CommGroup
 from shoal.modelparallel.torch import state as _state

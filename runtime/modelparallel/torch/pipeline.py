@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from shoal.modelparallel.errors import SMPPeerError, SMPUsageError
 from shoal.modelparallel.torch import remote
 from shoal.modelparallel.torch.scheduler import BACKWARD, FORWARD, Scheduler, current_task

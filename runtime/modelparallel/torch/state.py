@@ -102,7 +102,6 @@ def init(config: dict | None = None) -> State:
     if cfg.ddp:
         state.torch_groups = _torch_groups(topology)
     from shoal.modelparallel.torch.pipeline import Engine
-
     from shoal.modelparallel.torch.timeline import from_environment
 
     state.engine = Engine(topology.pp_rank, topology.pp_size, _transport_group(topology),

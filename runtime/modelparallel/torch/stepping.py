@@ -13,7 +13,6 @@ import functools
 from collections.abc import Callable
 
 import torch
-
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.torch import microbatch
 from shoal.modelparallel.torch import state as _state

@@ -13,7 +13,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shoal.launcher.ports import free_port  # noqa: E402
-from staged_collectives import WORLD, assert_trained_alike, run_collectives, train_ddp  # noqa: E402,E501
+from staged_collectives import (  # noqa: E402
+    WORLD,
+    assert_trained_alike,
+    end_group,
+    run_collectives,
+    train_ddp,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -85,7 +91,7 @@ def test_the_callers_stream_is_ordered_around_the_collective():
 def ddp_main(rank, results, backend):
     dist, device = _init(rank, backend)
     params = train_ddp(torch, device, device_ids=[device.index], steps=10)
-    dist.destroy_process_group()
+    end_group(dist)
     results.put((rank, params))
 
 

@@ -16,7 +16,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shoal.launcher.ports import free_port  # noqa: E402
-from staged_collectives import WORLD, assert_trained_alike, run_collectives, train_ddp  # noqa: E402,E501
+from staged_collectives import (  # noqa: E402
+    WORLD,
+    assert_trained_alike,
+    end_group,
+    run_collectives,
+    train_ddp,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -112,7 +118,7 @@ def ddp_main(rank, library, port, backend, results):
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
     params = train_ddp(torch, device)
-    dist.destroy_process_group()
+    end_group(dist)
     results.put((rank, params))
 
 

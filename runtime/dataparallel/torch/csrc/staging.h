@@ -123,13 +123,7 @@ class Stager {
     const c10::Device device = common_device(down, up);
     c10::impl::VirtualGuardImpl impl(device.type());
     c10::DeviceGuard on_device(device);
-    const c10::Stream side = side_stream(device, impl);
-
-    // The side stream waits for what the caller queued before this call: the inputs' values,
-    // and any use of the outputs the copies back must come after (a receive's target too).
-    c10::Event ready(device.type());
-    ready.record(impl.getStream(device));
-    ready.block(side);
+    const c10::Stream side = side_after_caller(device, impl);
     std::vector<at::Tensor> host_down;
     if (!down.empty()) {
       {
@@ -154,15 +148,7 @@ class Stager {
         [work, device, side, up, host_up](c10::ivalue::Future& done) {
           if (done.hasError()) return work->fail(done.exception_ptr());
           try {
-            c10::DeviceGuard on_device(device);
-            c10::StreamGuard on_side(side);
-            c10::impl::VirtualGuardImpl impl(device.type());
-            for (size_t i = 0; i < up.size(); ++i) {
-              at::Tensor target = up[i];
-              target.copy_(host_up[i], /*non_blocking=*/true);
-              impl.recordDataPtrOnStream(target.storage().data_ptr(), side);
-            }
-            work->complete();
+            copy_back(device, side, up, host_up, [&work] { work->complete(); });
           } catch (...) {
             work->fail(std::current_exception());
           }
@@ -182,14 +168,10 @@ class Stager {
     const c10::Device device = common_device({tensor}, {tensor});
     c10::impl::VirtualGuardImpl impl(device.type());
     c10::DeviceGuard on_device(device);
-    const c10::Stream side = side_stream(device, impl);
+    const c10::Stream side = side_after_caller(device, impl);
     const at::Tensor flat = tensor.view({-1});
     const at::Tensor host = pinned_like(flat);
     const int64_t count = (flat.numel() + chunk_elements - 1) / chunk_elements;
-
-    c10::Event ready(device.type());
-    ready.record(impl.getStream(device));
-    ready.block(side);
     std::vector<c10::Event> copied;
     {
       c10::StreamGuard on_side(side);
@@ -223,12 +205,10 @@ class Stager {
               return;
             }
             try {
-              c10::DeviceGuard on_device(device);
-              c10::StreamGuard on_side(side);
-              at::Tensor into = target;
-              into.copy_(piece, /*non_blocking=*/true);
               // the last chunk back completes the work, with every chunk's copy queued before it
-              if (left->fetch_sub(1) == 1 && !failed->load()) work->complete();
+              copy_back(device, side, {target}, {piece}, [&] {
+                if (left->fetch_sub(1) == 1 && !failed->load()) work->complete();
+              });
             } catch (...) {
               if (!failed->exchange(true)) work->fail(std::current_exception());
             }
@@ -238,6 +218,33 @@ class Stager {
   }
 
  private:
+  // The device's side stream, made to wait for what the caller's current stream queued before
+  // this call: the inputs' values, and any use of the outputs that the copies back must come
+  // after (a receive's target too).
+  c10::Stream side_after_caller(c10::Device device, const c10::impl::VirtualGuardImpl& impl) {
+    const c10::Stream side = side_stream(device, impl);
+    c10::Event ready(device.type());
+    ready.record(impl.getStream(device));
+    ready.block(side);
+    return side;
+  }
+
+  // Copies the host results into their device targets on the side stream, tells the caching
+  // allocator the side stream used the targets, then runs `then` with the side stream still
+  // current (a future completed there records its events on it).
+  static void copy_back(c10::Device device, c10::Stream side, const std::vector<at::Tensor>& targets,
+                        const std::vector<at::Tensor>& results, const std::function<void()>& then) {
+    c10::DeviceGuard on_device(device);
+    c10::StreamGuard on_side(side);
+    c10::impl::VirtualGuardImpl impl(device.type());
+    for (size_t i = 0; i < targets.size(); ++i) {
+      at::Tensor target = targets[i];
+      target.copy_(results[i], /*non_blocking=*/true);
+      impl.recordDataPtrOnStream(target.storage().data_ptr(), side);
+    }
+    then();
+  }
+
   static c10::Device common_device(const std::vector<at::Tensor>& down,
                                    const std::vector<at::Tensor>& up) {
     std::optional<c10::Device> device;

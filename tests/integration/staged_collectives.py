@@ -113,7 +113,7 @@ def end_group(dist) -> None:
     cycles and keeps the group's backend alive until the interpreter finalizes, when a gloo
     worker thread that drops its last work then (the work's thread-local state holds a
     Python object) is ended taking the GIL, and the process aborts ("terminate called
-    without an active exception": 2 runs in about 25). Collected first, the backend goes
+    without an active exception": 3 runs in 27). Collected first, the backend goes
     with the group, its workers joined while the interpreter is whole."""
     import gc
 

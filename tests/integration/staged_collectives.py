@@ -5,6 +5,9 @@ and moved, so that the device needs no kernels but copies."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 WORLD = 2
 
 
@@ -108,17 +111,20 @@ def train_ddp(torch, device, device_ids=None, steps: int = 5, bucket_cap_mb: flo
     return [p.detach().to("cpu").numpy() for p in model.parameters()]
 
 
-def end_group(dist) -> None:
-    """Destroys the default group once nothing holds it: DDP's reducer sits in reference
-    cycles and keeps the group's backend alive until the interpreter finalizes, when a gloo
-    worker thread that drops its last work then (the work's thread-local state holds a
-    Python object) is ended taking the GIL, and the process aborts ("terminate called
-    without an active exception": 3 runs in 27). Collected first, the backend goes
-    with the group, its workers joined while the interpreter is whole."""
-    import gc
-
-    gc.collect()
+def end_ddp_rank(dist, results, result) -> None:
+    """Destroys the group, hands `result` over and ends the rank without finalizing the
+    interpreter. DDP's reducer and the autograd hooks on its parameters hold each other in
+    C++, out of the collector's reach, so the group's backend outlives
+    ``destroy_process_group()`` (gloo's threads are still there after it; without DDP they
+    are joined). A gloo worker that drops its last work while the interpreter finalizes
+    takes the GIL to release the work's thread-local state and is ended there, and the
+    rank aborts ("terminate called without an active exception": 3 runs of the staging
+    tests in 27)."""
     dist.destroy_process_group()
+    results.put(result)  # written to the pipe before it returns
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def assert_trained_alike(torch, ours: dict, gloos: dict) -> None:

@@ -16,7 +16,7 @@ from shoal.launcher.ports import free_port  # noqa: E402
 from staged_collectives import (  # noqa: E402
     WORLD,
     assert_trained_alike,
-    end_group,
+    end_ddp_rank,
     run_collectives,
     train_ddp,
 )
@@ -91,8 +91,7 @@ def test_the_callers_stream_is_ordered_around_the_collective():
 def ddp_main(rank, results, backend):
     dist, device = _init(rank, backend)
     params = train_ddp(torch, device, device_ids=[device.index], steps=10)
-    end_group(dist)
-    results.put((rank, params))
+    end_ddp_rank(dist, results, (rank, params))
 
 
 def test_ddp_on_a_gpu_model_trains_to_gloos_parameters():

@@ -19,7 +19,7 @@ from shoal.launcher.ports import free_port  # noqa: E402
 from staged_collectives import (  # noqa: E402
     WORLD,
     assert_trained_alike,
-    end_group,
+    end_ddp_rank,
     run_collectives,
     train_ddp,
 )
@@ -118,8 +118,7 @@ def ddp_main(rank, library, port, backend, results):
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD)
     params = train_ddp(torch, device)
-    end_group(dist)
-    results.put((rank, params))
+    end_ddp_rank(dist, results, (rank, params))
 
 
 def test_ddp_on_a_device_model_trains_to_gloos_parameters_on_the_cpu(fake_library):

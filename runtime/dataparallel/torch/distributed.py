@@ -14,7 +14,6 @@ import atexit
 import contextlib
 import datetime
 import functools
-import gc
 import os
 
 import torch.distributed as torch_dist
@@ -99,9 +98,6 @@ def init_process_group(*args, backend: str = BACKEND_NAME, timeout=None, **kwarg
 
 def _destroy_at_exit() -> None:
     if torch_dist.is_initialized():
-        # DDP's reducer sits in reference cycles and holds the groups: collected first, the
-        # backends go with the groups here (gloo's workers joined), not during finalization.
-        gc.collect()
         destroy_process_group()
 
 

@@ -3,8 +3,8 @@ about to take.
 
 A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, the range every
 process's outgoing connections and other ``bind(0)`` calls draw from too: on a busy machine
-another process can take it between the test choosing it and rank 0 binding it (a stress
-run failed with ``bind *:33124: Address already in use``). So the port is drawn at random
+another process can take it between its choice and rank 0's bind (a stress run of the
+tests failed with ``bind *:33124: Address already in use``). So the port is drawn at random
 below that range, and checked free."""
 
 from __future__ import annotations

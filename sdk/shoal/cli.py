@@ -18,7 +18,7 @@ import click
 
 from . import config as config_mod
 from .errors import ConfigError, ShoalError, exit_code_for
-from .handles import local_handle, parse_handle, sagemaker_handle
+from .handles import local_handle, resolve_handle, sagemaker_handle
 from .local.network import NETWORK_MODES
 
 OUTPUT = click.option("--output", "output", type=click.Choice(["text", "json"]), default="text",
@@ -158,8 +158,8 @@ def follow(job, handle) -> None:
 
 # -- read verbs ------------------------------------------------------------------------------
 def open_job(text: str):
-    """The TrainingJob object behind a handle."""
-    handle = parse_handle(text)
+    """The TrainingJob object behind a handle (or a local job's bare name)."""
+    handle = resolve_handle(text)
     if handle.is_local:
         from .backends.local import LocalTrainingJob
 

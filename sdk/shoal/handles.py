@@ -2,7 +2,8 @@
 
 ``sagemaker://<region>/<job-name>`` names a SageMaker training job, ``local://<job-name>`` a
 job run by Shoal's local mode on this machine. The CLI prints a handle when it starts a job
-and its read verbs (``status``, ``logs``, ``stop``) take one back.
+and its read verbs (``status``, ``logs``, ``stop``) take one back, or the bare name of a local
+job (:func:`resolve_handle`).
 """
 
 from __future__ import annotations
@@ -81,3 +82,27 @@ def parse_handle(text: str, default_region: str | None = None) -> JobHandle:
             raise ConfigError(f"{text!r}: a SageMaker handle is sagemaker://<region>/<job-name>")
         return sagemaker_handle(region, name)
     raise ConfigError(f"{text!r}: unknown handle scheme {scheme!r} (expected one of {SCHEMES})")
+
+
+def resolve_handle(text: str, local_exists=None) -> JobHandle:
+    """A handle as :func:`parse_handle` reads it, or a bare name resolved to the local job of
+    that name (``local_exists(name)`` tells; by default, a job record under the local root).
+
+    A bare name never means a SageMaker job: that would need a region, and guessing it
+    would silently look at the wrong job. Local names are unique (one directory per job),
+    so a bare name names at most one job.
+    """
+    if "://" in text:
+        return parse_handle(text)
+    if local_exists is None:
+        from .local.layout import JobPaths
+
+        def local_exists(name):
+            return JobPaths.for_job(name).state_file.exists()
+
+    if JOB_NAME_PATTERN.match(text) and local_exists(text):
+        return local_handle(text)
+    raise ConfigError(
+        f"no local job named {text!r}, and a SageMaker job needs its region: name a job as "
+        f"local://<job>, sagemaker://<region>/<job>, or the bare name of a local job"
+    )

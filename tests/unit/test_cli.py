@@ -90,6 +90,16 @@ def test_logs_and_list(root, capsys):
     assert [r["TrainingJobStatus"] for r in rows] == ["Stopped", "Completed"]
 
 
+def test_read_verbs_take_a_local_jobs_bare_name(root, capsys):
+    finished_job(root, "named-job", "Failed", FailureReason="AlgorithmError: boom")
+    code, out, _ = run(capsys, "status", "named-job")
+    assert code == 1 and "FailureReason: AlgorithmError: boom" in out
+    code, out, _ = run(capsys, "logs", "named-job")
+    assert code == 0 and out == "[algo-1] hello\n[algo-1] bye\n"
+    code, _, err = run(capsys, "stop", "named-job")
+    assert code == 0 and "stop requested for local://named-job" in err
+
+
 def test_a_job_whose_supervisor_died_reads_as_failed(root, capsys):
     paths = layout.JobPaths(root / "orphan")
     paths.job_dir.mkdir(parents=True)
@@ -100,7 +110,7 @@ def test_a_job_whose_supervisor_died_reads_as_failed(root, capsys):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["status", "no-scheme"], "not a job handle"),
+    (["status", "no-scheme"], "no local job named 'no-scheme', and a SageMaker job needs"),
     (["status", "local://missing"], "no local job named 'missing'"),
     (["stop", "ftp://x"], "unknown handle scheme"),
     (["run", "--no-such-flag"], "No such option"),

@@ -2,7 +2,13 @@
 
 import pytest
 from shoal.errors import ConfigError
-from shoal.handles import JobHandle, local_handle, parse_handle, sagemaker_handle
+from shoal.handles import (
+    JobHandle,
+    local_handle,
+    parse_handle,
+    resolve_handle,
+    sagemaker_handle,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,3 +53,27 @@ def test_local_handles_have_no_region():
     assert not sagemaker_handle("us-east-1", "x").is_local
     with pytest.raises(ConfigError, match="no region"):
         JobHandle("local", "x", "us-east-1")
+
+
+def test_a_bare_name_resolves_to_the_local_job_of_that_name():
+    assert resolve_handle("job-a", local_exists={"job-a"}.__contains__) == local_handle("job-a")
+    assert resolve_handle("sagemaker://us-west-2/job-a", local_exists=lambda name: True) == \
+        sagemaker_handle("us-west-2", "job-a")
+
+
+@pytest.mark.parametrize("text", ["job-b", "us-west-2/job-a", "under_score"])
+def test_a_bare_name_without_a_local_job_lists_the_forms(text):
+    with pytest.raises(ConfigError) as caught:
+        resolve_handle(text, local_exists={"job-a"}.__contains__)
+    assert str(caught.value) == (
+        f"no local job named {text!r}, and a SageMaker job needs its region: name a job as "
+        "local://<job>, sagemaker://<region>/<job>, or the bare name of a local job")
+
+
+def test_a_bare_name_is_looked_up_under_the_local_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "job.json").write_text("{}")
+    assert resolve_handle("here") == local_handle("here")
+    with pytest.raises(ConfigError, match="no local job named 'gone'"):
+        resolve_handle("gone")

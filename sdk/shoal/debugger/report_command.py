@@ -72,15 +72,16 @@ def _sagemaker_job_dir(handle, into: Path) -> Path:
               help="Where to write the page (default: <job>-profiler-report.html).")
 @click.option("--open", "open_it", is_flag=True, help="Show it in the default browser.")
 def report(handle, out, open_it):
-    """Write a job's profiler report (local://JOB, sagemaker://REGION/JOB or a job folder)."""
-    from shoal.handles import parse_handle
+    """Write a job's profiler report (local://JOB or a local job's name,
+    sagemaker://REGION/JOB, or a job folder)."""
+    from shoal.handles import resolve_handle
     from shoal.profiler import report as page
 
     with tempfile.TemporaryDirectory(prefix="shoal-report-") as tmp:
         if Path(handle).is_dir():
             job_dir = Path(handle)
         else:
-            parsed = parse_handle(handle)
+            parsed = resolve_handle(handle)
             job_dir = (_local_job_dir(parsed.job_name) if parsed.is_local
                        else _sagemaker_job_dir(parsed, Path(tmp)))
         data, rule_dirs = page.job_folders(job_dir)

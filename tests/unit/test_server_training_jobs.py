@@ -277,3 +277,44 @@ def test_a_submission_that_never_finished_still_takes_its_name(tmp_path):
     (tmp_path / "half-made").mkdir()  # a job directory without its record
     with pytest.raises(ResourceInUse, match=r"already exists \(half-made\)"):
         TrainingJobs(tmp_path).CreateTrainingJob(request("half-made", DLC_IMAGE))
+
+
+# -- relative file:// URIs -------------------------------------------------------------------
+class Submitted(Exception):
+    pass
+
+
+def test_relative_file_uris_are_submitted_under_the_servers_directory(tmp_path, monkeypatch):
+    """The job runs in a directory of its own: ``file://./code`` and ``file://out`` reach it
+    as absolute URIs under where the server was started; absolute ones and the script's own
+    values are left as they were."""
+    monkeypatch.chdir(tmp_path)
+    api = TrainingJobs(tmp_path / "jobs")
+    submitted = []
+
+    def capture(params):
+        submitted.append(params)
+        raise Submitted
+
+    monkeypatch.setattr(api.backend, "submit", capture)
+    params = request("relative-uris", DLC_IMAGE)
+    params["OutputDataConfig"]["S3OutputPath"] = "file://out"
+    params["InputDataConfig"] = [
+        {"ChannelName": "train", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": "file://./data/my%20train"}}},
+        {"ChannelName": "test", "DataSource": {"S3DataSource": {
+            "S3DataType": "S3Prefix", "S3Uri": "file:///abs/test"}}}]
+    params["HyperParameters"] = {"sagemaker_submit_directory": '"file://./code"',
+                                 "where": '"file://./elsewhere"'}
+    params["Environment"] = {"DATA": "file://./data"}
+    with pytest.raises(Submitted):
+        api.CreateTrainingJob(params)
+    (sent,) = submitted
+    assert sent["OutputDataConfig"]["S3OutputPath"] == (tmp_path / "out").as_uri()
+    uris = [c["DataSource"]["S3DataSource"]["S3Uri"] for c in sent["InputDataConfig"]]
+    assert uris == [(tmp_path / "data" / "my train").as_uri(), "file:///abs/test"]
+    assert sent["HyperParameters"] == {
+        "sagemaker_submit_directory": f'"{(tmp_path / "code").as_uri()}"',
+        "where": '"file://./elsewhere"'}
+    assert sent["Environment"] == {"DATA": "file://./data"}
+    assert params["OutputDataConfig"]["S3OutputPath"] == "file://out"  # the caller's untouched

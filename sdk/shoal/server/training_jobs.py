@@ -4,6 +4,10 @@ Jobs are the local backend's (``$SHOAL_LOCAL_ROOT``), so ``shoal status|logs|sto
 local://<job>``, ``shoal list`` and this endpoint see the same ones, and the endpoint keeps
 no state of its own: a restarted server knows every job, and a running job (its supervisor
 is in a session of its own) outlives the server. Tags live beside the job (``tags.json``).
+
+A relative ``file://`` URI (``file://./code``, ``file://out``) names a path under the directory
+the server was started in, as SageMaker SDK v2's local mode reads it under its own: the job
+runs elsewhere, so the request is made absolute before it is submitted.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from shoal.backends.local import LocalBackend, LocalTrainingJob
 from shoal.errors import ShoalError
@@ -27,6 +32,9 @@ LIST_DEFAULT, LIST_MAX = 10, 100
 TAGS_FILE = "tags.json"
 MAX_TAGS = 50
 JOB_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+# The script's own values: never rewritten (the code's URI among the hyperparameters aside).
+SCRIPT_VALUES = frozenset({"HyperParameters", "Environment", "Tags"})
+SUBMIT_DIRECTORY = "sagemaker_submit_directory"
 
 
 @functools.cache
@@ -41,6 +49,7 @@ class TrainingJobs:
         self.create_lock = threading.Lock()
         self.records: dict[Path, tuple[int, dict]] = {}  # job.json -> (mtime_ns, record)
         self.records_lock = threading.Lock()
+        self.workdir = Path.cwd()  # where relative file:// URIs point
 
     # -- operations ----------------------------------------------------------------------
     def CreateTrainingJob(self, params: dict) -> dict:  # noqa: N802 - the API's names
@@ -63,7 +72,7 @@ class TrainingJobs:
                                     f"and region, and a training job with this name already "
                                     f"exists ({which})")
             try:
-                job = self.backend.submit(params)
+                job = self.backend.submit(absolute_file_uris(params, self.workdir))
             except ShoalError as error:
                 raise from_shoal_error(error) from None
         if params.get("Tags"):
@@ -174,6 +183,42 @@ class TrainingJobs:
     @staticmethod
     def _write_tags(job_dir: Path, tags: list[dict]) -> None:
         state.write(job_dir / TAGS_FILE, tags)  # atomic, as the job's record
+
+
+def absolute_file_uris(params: dict, base: Path) -> dict:
+    """``params`` with every relative ``file://`` URI made absolute under ``base``."""
+    out = {k: (v if k in SCRIPT_VALUES else _absolute_in(v, base)) for k, v in params.items()}
+    hyperparameters = params.get("HyperParameters") or {}
+    if SUBMIT_DIRECTORY in hyperparameters:
+        try:
+            code = json.loads(hyperparameters[SUBMIT_DIRECTORY])
+        except ValueError:
+            code = None  # not JSON-encoded: the launcher reports it as it always has
+        if isinstance(code, str):
+            out["HyperParameters"] = {**hyperparameters,
+                                      SUBMIT_DIRECTORY: json.dumps(_absolute(code, base))}
+    return out
+
+
+def _absolute_in(value, base: Path):
+    if isinstance(value, str):
+        return _absolute(value, base)
+    if isinstance(value, list):
+        return [_absolute_in(v, base) for v in value]
+    if isinstance(value, dict):
+        return {k: _absolute_in(v, base) for k, v in value.items()}
+    return value
+
+
+def _absolute(uri: str, base: Path) -> str:
+    """``file://out`` and ``file://./out`` -> ``file:///<base>/out``, as SDK v2 joins a file
+    URI's host and path; ``file:///a`` and ``file://localhost/a`` are absolute already."""
+    if not uri.startswith("file://"):
+        return uri
+    parsed = urlparse(uri)
+    if parsed.netloc in ("", "localhost"):
+        return uri
+    return (base / unquote(parsed.netloc + parsed.path)).as_uri()
 
 
 def _offset(token: str | None) -> int:

@@ -101,6 +101,44 @@ def test_communication_bound_counts_what_ddp_waits_for_after_its_last_bucket(
     assert details["steps_with_overlapped_collectives"] == 30
 
 
+def write_overlapping_waits(root, node, steps, step_s, buckets=4, wait_s=0.04):
+    """Each step's ``buckets`` allreduces queued together and waited on at once by as many
+    threads: their waits (``exposed_s``) cover the same ``wait_s`` before the step ends."""
+    trace = TraceWriter(root, node)
+    t = T0
+    for n in range(steps):
+        trace.span("Step:ModeKeys.TRAIN", "Step", t, step_s, step_num=n, rank=0)
+        for b in range(buckets):
+            end = t + step_s - 0.005 - 0.0001 * b
+            trace.span("Collective", "allreduce", end - wait_s - 0.01, wait_s + 0.01, step_num=n,
+                       rank=0, bytes=1 << 20, backend="shoal", mode="queued", queued_s=0.0,
+                       exposed_s=wait_s)
+        t += step_s
+    trace.close()
+
+
+def test_communication_share_merges_overlapping_waits(tmp_path):
+    # summed, four 40 ms waits made 160 % of a 100 ms step; merged, they are about 40 %
+    write_overlapping_waits(tmp_path, "algo-1", 30, 0.1)
+    ev = evaluate(tmp_path, "CommunicationBound")
+    share = result(ev, "CommunicationBound")["Details"]["collective_share_percent"]
+    assert share["max"] <= 100
+    assert share["p50"] == pytest.approx(40.3, abs=0.1)
+
+
+def test_communication_share_counts_only_the_wait_inside_each_step(tmp_path):
+    # DDP's constructor waits 0.5 s on its broadcast before the first step, which the hooks
+    # number 0 (the first step to end after it): it is no part of step 0's 100 ms
+    write_steps_with_comm(tmp_path, "algo-1", 30, 0.1, 0.01)
+    trace = TraceWriter(tmp_path, "algo-1")
+    trace.span("Collective", "broadcast", T0 - 0.6, 0.5, step_num=0, rank=0, bytes=1 << 20,
+               backend="shoal", mode="eager", queued_s=0.0, exposed_s=0.5)
+    trace.close()
+    ev = evaluate(tmp_path, "CommunicationBound")
+    share = result(ev, "CommunicationBound")["Details"]["collective_share_percent"]
+    assert share["max"] == pytest.approx(10, abs=0.01) and share["min"] == pytest.approx(10, abs=0.01)
+
+
 def test_single_node_data_parallel(tmp_path):
     write_steps_with_comm(tmp_path / "one", "algo-1", 20, 0.1, 0.01, ranks=(0, 1))
     write_steps_with_comm(tmp_path / "two", "algo-1", 20, 0.1, 0.01, ranks=(0,))

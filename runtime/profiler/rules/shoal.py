@@ -10,6 +10,9 @@
   buckets, waited on by its C++ reducer) a step's wait is the time from the issue of its
   last such collective to the end of the last: DDP issues its last bucket when the backward
   pass produced the last gradient, so from there the training thread can only wait.
+  A step's share is the part of its own wall time, on its own rank, that these waits cover:
+  overlapping waits (several threads, a wait inside a tail) count once, and a wait outside
+  the step (before the first) not at all, so it is never above 100 %.
 - ``SingleNodeDataParallel``: data parallelism among the processes of a single node (the
   library is meant for two nodes or more; inside one node the framework's own path is as good).
 """
@@ -121,29 +124,72 @@ class CommunicationBound(Rule):
             self.comm += [e for e in node_events if e.phase == "Collective"]
 
     def finish(self):
-        by_step: dict[tuple, float] = defaultdict(float)
-        tails: dict[tuple, list[float]] = {}  # (rank, step): last issue, last end
-        for e in self.comm:
-            key = (e.args.get("rank"), e.args.get("step_num"))
-            exposed = exposed_time(e)
-            if exposed is not None:
-                by_step[key] += exposed
-                continue
-            issued = e.start - float(e.args.get("queued_s", 0.0))
-            tail = tails.setdefault(key, [issued, e.start + e.duration])
-            tail[0], tail[1] = max(tail[0], issued), max(tail[1], e.start + e.duration)
-        for key, (issued, end) in tails.items():
-            by_step[key] += max(0.0, end - issued)
-        shares = [100 * by_step.get((s.args.get("rank"), s.args.get("step_num")), 0.0) / s.duration
-                  for s in self.steps if s.duration > 0]
+        spans: dict[tuple, list[tuple[float, float]]] = defaultdict(list)  # (node, rank)
+        for s in self.steps:
+            if s.duration > 0:
+                spans[(s.node, s.args.get("rank"))].append((s.start, s.start + s.duration))
+        waits, tails = self._waits(spans)
+        shares = []
+        for key, steps in spans.items():
+            merged = _merge(waits.get(key, []))
+            shares += [100 * _covered(merged, start, end) / (end - start) for start, end in steps]
         self.report["Datapoints"] = len(shares)
         if len(shares) < self.min_steps:
             self.insufficient = f"{len(shares)} steps, the rule needs {self.min_steps}"
             return
         self.report["Details"] = {"collective_share_percent": stats(shares),
-                                  "steps_with_overlapped_collectives": len(tails)}
+                                  "steps_with_overlapped_collectives": tails}
         if statistics.median(shares) > self.threshold:
             self.trigger(sum(share > self.threshold for share in shares))
+
+    def _waits(self, spans) -> tuple[dict[tuple, list[tuple[float, float]]], int]:
+        """Each rank's waiting intervals: a recorded wait is the call's last part; the
+        queued collectives nobody waited on give, per step that issued them, the tail from
+        the last one's issue to the last end. Steps are found by time, not by the
+        collectives' ``step_num``: the hooks number a collective issued before the first
+        step (DDP's constructor) as step 0."""
+        for steps in spans.values():
+            steps.sort()
+        waits: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+        tails: dict[tuple, list[float]] = {}  # (node, rank, step index): last issue, last end
+        for e in self.comm:
+            key, end = (e.node, e.args.get("rank")), e.start + e.duration
+            exposed = exposed_time(e)
+            if exposed is not None:
+                waits[key].append((end - exposed, end))
+                continue
+            issued = e.start - float(e.args.get("queued_s", 0.0))
+            steps = spans.get(key, [])
+            i = bisect.bisect_right(steps, (issued, float("inf"))) - 1
+            if i < 0 or issued >= steps[i][1]:
+                continue  # issued outside any step: no step waits for it alone
+            tail = tails.setdefault((*key, i), [issued, end])
+            tail[0], tail[1] = max(tail[0], issued), max(tail[1], end)
+        for (node, rank, _), (issued, end) in tails.items():
+            waits[(node, rank)].append((issued, end))
+        return waits, len(tails)
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping intervals as one (waits on several threads, a wait inside a tail)."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _covered(merged: list[tuple[float, float]], start: float, end: float) -> float:
+    """How much of [start, end) the disjoint, sorted ``merged`` intervals cover."""
+    i = bisect.bisect_right(merged, (start, float("inf"))) - 1
+    covered = 0.0
+    for a, b in merged[max(i, 0):]:
+        if a >= end:
+            break
+        covered += max(0.0, min(b, end) - max(a, start))
+    return covered
 
 
 class SingleNodeDataParallel(Rule):

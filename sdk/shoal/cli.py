@@ -2,8 +2,9 @@
 
 ``shoal run`` starts a job from flags and/or a YAML job file (see ``shoal.config`` for the keys
 and the precedence of configuration layers) and prints the job's handle (``local://job`` or
-``sagemaker://region/job``) on stdout; ``status``, ``logs``, ``stop`` take a handle; ``list``
-shows jobs. Everything except a command's result goes to stderr.
+``sagemaker://region/job``) on stdout; ``status``, ``logs``, ``stop`` take a handle or a local
+job's name; ``list`` shows jobs (``--since``, ``--limit``). Everything except a command's result
+goes to stderr.
 
 Exit codes: 0 the job completed, 1 it failed or was stopped, 2 a usage or configuration error,
 3 an AWS credentials or permission error, 130 interrupted.
@@ -241,38 +242,105 @@ def stop(handle, wait):
 
 @cli.command(name="list")
 @click.option("--sagemaker", "region", metavar="REGION", help="List SageMaker jobs in REGION.")
-@click.option("--max-results", default=20, show_default=True)
+@click.option("--since", metavar="WHEN",
+              help="Only jobs created since WHEN: a duration back from now (30m, 1h, 2d, 1w) "
+                   "or a date or time (2026-11-01, 2026-11-01T14:00; local time unless it "
+                   "says otherwise).")
+@click.option("--limit", "-n", "--max-results", "limit", type=click.IntRange(min=1), default=20,
+              metavar="N", show_default=True, help="At most N jobs, the newest.")
 @OUTPUT
-def list_jobs(region, max_results, output):
-    """List local jobs (or SageMaker jobs with --sagemaker REGION), newest first."""
-    rows = sagemaker_jobs(region, max_results) if region else local_jobs()
-    rows = rows[:max_results]
+def list_jobs(region, since, limit, output):
+    """List local jobs (or SageMaker jobs with --sagemaker REGION), newest first:
+    handle, status, creation time and duration (until now for a running job)."""
+    cutoff = since_cutoff(since) if since else None
+    rows = sagemaker_jobs(region, limit, cutoff) if region else local_jobs(cutoff)
+    rows = rows[:limit]
     if output == "json":
         emit_json(rows)
         return
+    for line in job_table(rows, now()):
+        click.echo(line)
+
+
+def now():
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc)
+
+
+_SPANS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def since_cutoff(text: str, at=None):
+    """The creation time ``--since`` means: ``at`` (now) less a duration such as ``90m``,
+    or a date or time in ISO 8601 (the local time zone unless one is given)."""
+    import datetime as dt
+    import re
+
+    at = at or now()
+    span = re.fullmatch(r"(\d+)\s*([smhdw])", text.strip().lower())
+    if span:
+        return at - dt.timedelta(seconds=int(span[1]) * _SPANS[span[2]])
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected a duration such as 30m, 1h, 2d, 1w or a date such "
+                                 f"as 2026-11-01 (got {text!r})", param_hint="'--since'") from None
+    return when if when.tzinfo else when.astimezone()  # naive: the local time zone
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h07m``, ``3d04h``: the two largest units."""
+    seconds = max(0, int(seconds))
+    for unit, small, name, small_name in ((86400, 3600, "d", "h"), (3600, 60, "h", "m"),
+                                          (60, 1, "m", "s")):
+        if seconds >= unit:
+            return f"{seconds // unit}{name}{seconds % unit // small:02d}{small_name}"
+    return f"{seconds}s"
+
+
+def job_table(rows: list[dict], at) -> list[str]:
+    """``shoal list``'s lines: a header, then one aligned row per job."""
+    table = [("HANDLE", "STATUS", "CREATED", "DURATION")]
     for row in rows:
-        click.echo(f"{row['Handle']}\t{row['TrainingJobStatus']}\t{row['CreationTime']}")
+        created = row["CreationTime"]
+        end = row.get("TrainingEndTime") or at
+        table.append((row["Handle"], row["TrainingJobStatus"],
+                      created.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                      duration((end - created).total_seconds())))
+    widths = [max(len(cells[i]) for cells in table) for i in range(3)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(cells, widths)), cells[3]])
+            for cells in table]
 
 
-def local_jobs() -> list[dict]:
+def local_jobs(cutoff=None) -> list[dict]:
     from .local import layout, state
 
     rows = []
     root = layout.local_root()
     for path in root.glob("*/job.json") if root.exists() else []:
         record = state.read(path)
+        if cutoff and record["CreationTime"] < cutoff:
+            continue
         rows.append({"Handle": str(local_handle(record["TrainingJobName"])),
                      "TrainingJobStatus": record["TrainingJobStatus"],
-                     "CreationTime": record["CreationTime"]})
+                     "CreationTime": record["CreationTime"],
+                     **_end_time(record)})
     return sorted(rows, key=lambda row: row["CreationTime"], reverse=True)
 
 
-def sagemaker_jobs(region: str, max_results: int) -> list[dict]:
+def _end_time(record: dict) -> dict:
+    return {"TrainingEndTime": record["TrainingEndTime"]} if record.get("TrainingEndTime") else {}
+
+
+def sagemaker_jobs(region: str, max_results: int, cutoff=None) -> list[dict]:
     client = sagemaker_session(region).sagemaker_client
-    response = client.list_training_jobs(MaxResults=max_results, SortBy="CreationTime",
-                                         SortOrder="Descending")
+    since = {"CreationTimeAfter": cutoff} if cutoff else {}
+    response = client.list_training_jobs(MaxResults=min(max_results, 100), SortBy="CreationTime",
+                                         SortOrder="Descending", **since)
     return [{"Handle": str(sagemaker_handle(region, job["TrainingJobName"])),
-             "TrainingJobStatus": job["TrainingJobStatus"], "CreationTime": job["CreationTime"]}
+             "TrainingJobStatus": job["TrainingJobStatus"], "CreationTime": job["CreationTime"],
+             **_end_time(job)}
             for job in response["TrainingJobSummaries"]]
 
 

@@ -1,5 +1,6 @@
 """The shoal CLI: exit codes, stdout vs stderr, read verbs on local handles, config, env."""
 
+import datetime as dt
 import json
 
 import botocore.exceptions
@@ -88,6 +89,60 @@ def test_logs_and_list(root, capsys):
     rows = json.loads(out)
     assert [r["Handle"] for r in rows] == ["local://job-b", "local://job-a"]
     assert [r["TrainingJobStatus"] for r in rows] == ["Stopped", "Completed"]
+
+
+def test_list_prints_a_header_and_aligned_columns(root, capsys):
+    ended = state.now()
+    finished_job(root, "short", "Completed", CreationTime=ended - dt.timedelta(seconds=65),
+                 TrainingEndTime=ended)
+    finished_job(root, "a-longer-name", "Failed", CreationTime=ended - dt.timedelta(hours=2),
+                 TrainingEndTime=ended - dt.timedelta(minutes=1))
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["HANDLE", "STATUS", "CREATED", "DURATION"]
+    assert [ln.split()[:2] for ln in lines[1:]] == [["local://short", "Completed"],
+                                                     ["local://a-longer-name", "Failed"]]
+    assert [ln.split()[-1] for ln in lines[1:]] == ["1m05s", "1h59m"]
+    assert len({ln.index(ln.split()[1]) for ln in lines}) == 1  # STATUS starts in one column
+
+
+def test_list_since_and_limit(root, capsys):
+    at = state.now()
+    for name, age in (("day-old", dt.timedelta(days=1)), ("hour-old", dt.timedelta(hours=1)),
+                      ("fresh", dt.timedelta(minutes=5))):
+        finished_job(root, name, "Completed", CreationTime=at - age)
+
+    def handles(*argv):
+        code, out, _ = run(capsys, "list", "--output", "json", *argv)
+        assert code == 0
+        return [row["Handle"].removeprefix("local://") for row in json.loads(out)]
+
+    assert handles("--since", "30m") == ["fresh"]
+    assert handles("--since", "2h") == ["fresh", "hour-old"]
+    assert handles("--since", (at - dt.timedelta(days=2)).date().isoformat()) == [
+        "fresh", "hour-old", "day-old"]
+    assert handles("--limit", "2") == ["fresh", "hour-old"]
+    assert handles("-n", "1", "--since", "1w") == ["fresh"]
+    code, out, err = run(capsys, "list", "--since", "yesterday")
+    assert code == 2 and out == "" and "expected a duration such as 30m" in err
+    code, out, err = run(capsys, "list", "--limit", "0")
+    assert code == 2 and "--limit" in err
+
+
+def test_since_reads_durations_and_dates():
+    at = dt.datetime(2026, 11, 2, 12, 0, tzinfo=dt.timezone.utc)
+    assert cli.since_cutoff("90m", at) == at - dt.timedelta(minutes=90)
+    assert cli.since_cutoff("2d", at) == at - dt.timedelta(days=2)
+    assert cli.since_cutoff("1W", at) == at - dt.timedelta(weeks=1)
+    assert cli.since_cutoff("2026-11-01T08:00+00:00", at) == dt.datetime(
+        2026, 11, 1, 8, tzinfo=dt.timezone.utc)
+    assert cli.since_cutoff("2026-11-01", at) == dt.datetime(2026, 11, 1).astimezone()
+
+
+def test_durations_show_their_two_largest_units():
+    assert [cli.duration(s) for s in (0, 45, 185, 7260, 273600)] == [
+        "0s", "45s", "3m05s", "2h01m", "3d04h"]
 
 
 def test_read_verbs_take_a_local_jobs_bare_name(root, capsys):
@@ -201,6 +256,10 @@ def test_status_and_list_of_sagemaker_jobs(root, capsys):
         assert code == 0 and json.loads(out)["TrainingJobName"] == "sm-job"
         code, out, _ = run(capsys, "list", "--sagemaker", "us-west-2", "--output", "json")
         assert [r["Handle"] for r in json.loads(out)] == ["sagemaker://us-west-2/sm-job"]
+        code, out, _ = run(capsys, "list", "--sagemaker", "us-west-2", "--since", "1h")
+        assert out.splitlines()[1].split()[0] == "sagemaker://us-west-2/sm-job"
+        code, out, _ = run(capsys, "list", "--sagemaker", "us-west-2", "--since", "2999-01-01")
+        assert code == 0 and out.splitlines()[1:] == []
 
 
 def test_run_on_sagemaker_detached_prints_the_sagemaker_handle(root, capsys, tmp_path):

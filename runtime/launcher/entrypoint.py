@@ -13,8 +13,10 @@ Each of the launcher's log lines starts with its host (``[algo-2] ...``). Under
 ``SAGEMAKER_BASE_DIR``, hyperparameters naming paths under /opt/ml are moved under it
 (:func:`shoal.launcher.paths.rebase`) and the moved keys are logged.
 
-Knobs (environment): ``SHOAL_STOP_GRACE`` (10 s), ``SHOAL_FAILURE_GRACE`` (15 s: how long
-mpirun may take to end the job once a rank failed before it is stopped), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
+Knobs (environment): ``SM_LOG_LEVEL`` (a number or a name: ``debug`` also lists the names of
+the variables exported to the job's processes), ``SHOAL_STOP_GRACE`` (10 s),
+``SHOAL_FAILURE_GRACE`` (15 s: how long mpirun may take to end the job once a rank failed
+before it is stopped), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
 ``SHOAL_STATUS_PORT`` (7594), ``SHOAL_STATUS_LINGER`` (60 s), ``SHOAL_MASTER_PORT``
 (7777), ``SHOAL_MASTER_ADDR``, ``SHOAL_GETHOSTNAME_PRELOAD`` (a prebuilt shim, see
 :mod:`shoal.launcher.hostname`), ``SHOAL_S3_EXPECTED_BUCKET_OWNER``.
@@ -113,7 +115,10 @@ class Launch:
                 self.hosts, self.job.current_host, self.tf_addresses)
             env["TF_CONFIG"] = json.dumps(config)
         added = sorted(set(env) - set(self.environ))
-        log.info("exporting %d variables: %s", len(added), ", ".join(added))
+        # The names only, and only when asked: values can hold secrets.
+        log.info("exporting %d variables to the job's processes (SM_LOG_LEVEL=debug names "
+                 "them)", len(added))
+        log.debug("exported variables: %s", ", ".join(added))
         return env
 
     def mpirun_env(self) -> dict[str, str]:
@@ -364,13 +369,23 @@ HOST_TAG = HostTag()
 LOG_FORMAT = "[%(host)s] %(asctime)s %(name)s %(levelname)s: %(message)s"
 
 
+def log_level(environ: Mapping[str, str]) -> int:
+    """``SM_LOG_LEVEL`` (or ``SAGEMAKER_CONTAINER_LOG_LEVEL``): a number as SageMaker sets it
+    (``10``), or a level's name (``debug``); INFO otherwise."""
+    text = environ.get("SM_LOG_LEVEL") or environ.get("SAGEMAKER_CONTAINER_LOG_LEVEL") or ""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    level = logging.getLevelName(text.upper())
+    return level if isinstance(level, int) else logging.INFO
+
+
 def _configure_logging(environ: Mapping[str, str]) -> None:
-    level = environ.get("SM_LOG_LEVEL") or environ.get("SAGEMAKER_CONTAINER_LOG_LEVEL") or "20"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.addFilter(HOST_TAG)
     HOST_TAG.host = environ.get("SHOAL_HOST", "")
-    logging.basicConfig(level=int(level) if level.isdigit() else logging.INFO, handlers=[handler])
+    logging.basicConfig(level=log_level(environ), handlers=[handler])
 
 
 def _stopped_before_start(signum, frame):

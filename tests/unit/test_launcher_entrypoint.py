@@ -1,11 +1,12 @@
 """``train`` end to end on one host, and the pieces it assembles."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
 
-from shoal.launcher.entrypoint import Launch
+from shoal.launcher.entrypoint import Launch, log_level
 from shoal.launcher.environment import load_environment
 from shoal.launcher.paths import JobPaths
 
@@ -23,8 +24,9 @@ def write_job(root, hps, host="algo-1", hosts=("algo-1",), script=None):
     return JobPaths(str(root))
 
 
-def run_train(root):
-    env = {**os.environ, "SAGEMAKER_BASE_DIR": str(root), "SHOAL_HOST": "algo-1"}
+def run_train(root, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.endswith("LOG_LEVEL")}
+    env.update(SAGEMAKER_BASE_DIR=str(root), SHOAL_HOST="algo-1", **extra)
     return subprocess.run([sys.executable, "-m", "shoal.launcher.entrypoint"], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
@@ -59,6 +61,28 @@ def test_secret_hyperparameters_are_not_logged(tmp_path):
     done = run_train(tmp_path)
     assert done.returncode == 0
     assert "s3cr3t-value" not in done.stderr + done.stdout
+
+
+def test_exported_variables_are_counted_and_named_at_debug_level_only(tmp_path):
+    write_job(tmp_path, {"db_password": json.dumps("hunter2hunter2")}, script="")
+    done = run_train(tmp_path)
+    assert done.returncode == 0, done.stderr
+    exporting = [ln for ln in done.stderr.splitlines() if "exporting" in ln]
+    assert len(exporting) == 1 and exporting[0].endswith(
+        "variables to the job's processes (SM_LOG_LEVEL=debug names them)")
+    assert "SM_MODEL_DIR" not in done.stderr
+    done = run_train(tmp_path, SM_LOG_LEVEL="debug")
+    named = [ln for ln in done.stderr.splitlines() if "DEBUG: exported variables:" in ln]
+    assert len(named) == 1 and "SM_MODEL_DIR" in named[0] and "SM_HP_DB_PASSWORD" in named[0]
+    assert "hunter2hunter2" not in done.stderr + done.stdout
+
+
+def test_log_level_takes_a_number_or_a_name():
+    assert log_level({}) == logging.INFO
+    assert log_level({"SM_LOG_LEVEL": "10"}) == logging.DEBUG
+    assert log_level({"SM_LOG_LEVEL": "debug"}) == logging.DEBUG
+    assert log_level({"SAGEMAKER_CONTAINER_LOG_LEVEL": "WARNING"}) == logging.WARNING
+    assert log_level({"SM_LOG_LEVEL": "loud"}) == logging.INFO
 
 
 def test_mpirun_line_runs_every_rank_through_shoal_rank(tmp_path):

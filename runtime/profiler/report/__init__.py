@@ -72,6 +72,43 @@ def _evidence(details: dict) -> str:
     return text if len(text) < 2000 else text[:2000] + "\n..."
 
 
+# OverallSystemUsage's categories: how the table names each, and its values' unit
+USAGE = {"CPU": ("CPU utilization", "%"), "CPU memory": ("CPU memory used", "%"),
+         "GPU": ("GPU utilization", "%"), "GPU memory": ("GPU memory used", "%"),
+         "I/O": ("I/O wait", "%"), "Network": ("Network, received + sent", "B/s")}
+USAGE_STATS = ("p50", "p95", "p99", "min", "max")
+
+
+def _rate(value: float) -> str:
+    """Bytes a second in decimal units, as network rates are quoted."""
+    if abs(value) < 1000:
+        return f"{value:.0f} B/s"
+    for unit in ("kB/s", "MB/s"):
+        value /= 1000
+        if abs(value) < 1000:
+            return f"{value:.2f} {unit}"
+    return f"{value / 1000:.2f} GB/s"
+
+
+def _usage_row(category: str, stats: dict) -> tuple[str, list[str]]:
+    label, unit = USAGE.get(category, (category, ""))
+    fmt = {"%": lambda v: f"{v:.1f} %", "B/s": _rate}.get(unit, lambda v: f"{v:.1f}")
+    return label, [fmt(stats[k]) if k in stats else "-" for k in USAGE_STATS]
+
+
+def _usage(details: dict) -> list[tuple[str, list[tuple[str, list[str]]]]]:
+    """Each node's OverallSystemUsage statistics, each value with its unit, in USAGE's
+    order (categories it does not know last)."""
+    rank = {c: i for i, c in enumerate(USAGE)}
+    out = []
+    for node, cats in sorted(details.items()):
+        if isinstance(cats, dict):
+            names = sorted((c for c in cats if isinstance(cats[c], dict)),
+                           key=lambda c: (rank.get(c, len(rank)), c))
+            out.append((node, [_usage_row(c, cats[c]) for c in names]))
+    return out
+
+
 def status_of(report: dict) -> dict:
     """A finished rule's status from its report file alone."""
     if report.get("RuleTriggered"):
@@ -130,9 +167,7 @@ def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict]
     for name, data in reports.items():  # a rule with no status given: its report says it
         by_rule.setdefault(name, status_of(data))
     rows, findings = _rules(reports, by_rule)
-    usage = [(node, sorted(cats.items())) for node, cats in
-             sorted((reports.get("OverallSystemUsage", {}).get("Details") or {}).items())
-             if isinstance(cats, dict)]
+    usage = _usage(reports.get("OverallSystemUsage", {}).get("Details") or {})
     phase_totals = (reports.get("OverallFrameworkMetrics", {}).get("Details") or {}).get("phase") or {}
     if not phase_totals:
         for events in store.events.values():

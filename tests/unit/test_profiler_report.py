@@ -1,0 +1,49 @@
+"""The profiler report's page: the system-usage table gives every value its unit."""
+
+from __future__ import annotations
+
+import re
+
+from shoal.profiler import engine, report, system_monitor
+
+from tests.unit.test_profiler_rules import T0, record, write_system
+
+
+def write_network(root, node, samples, rate, interval=0.5):
+    """Receive and transmit rates joining ``write_system``'s snapshots, ``rate`` each."""
+    writer = system_monitor.Writer(root, node)
+    for i in range(samples):
+        ts = T0 + i * interval
+        writer.write([record(node, "network", name, "Algorithm", rate, ts)
+                      for name in ("ReceiveBytesPerSecond", "TransmitBytesPerSecond")])
+    writer.close()
+
+
+def usage_table(html: str) -> dict[str, list[str]]:
+    """The first host's system-usage rows: resource -> its cells."""
+    section = html[html.index("<h2>System usage"):]
+    table = section[:section.index("</table>")]
+    rows = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]:
+        name, *cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        rows[name] = cells
+    return rows
+
+
+def test_the_system_usage_table_gives_every_value_its_unit(tmp_path):
+    data = tmp_path / "profiler-output"
+    write_system(data, "algo-1", 20, gpus=1, cpu=37.5)
+    write_network(data, "algo-1", 20, 1_284_945.05)
+    rules = tmp_path / "rule-output" / "ProfilerReport" / "profiler-output"
+    engine.Evaluation(data, engine.rules_for("OverallSystemUsage", {}), rules).advance(final=True)
+    rows = usage_table(report.render("units-job", data, [rules]))
+    assert rows["Network, received + sent"] == ["2.57 MB/s"] * 5
+    assert rows["CPU utilization"] == ["37.5 %"] * 5
+    assert set(rows) == {"CPU utilization", "CPU memory used", "GPU utilization",
+                         "GPU memory used", "I/O wait", "Network, received + sent"}
+    assert all(cell.endswith((" %", "B/s")) for cells in rows.values() for cell in cells)
+
+
+def test_network_rates_read_in_decimal_units():
+    assert [report._rate(v) for v in (512, 2_569_890.1, 12_500, 3.2e9)] == [
+        "512 B/s", "2.57 MB/s", "12.50 kB/s", "3.20 GB/s"]

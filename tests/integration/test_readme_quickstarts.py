@@ -1,0 +1,75 @@
+"""The README's quick-starts run exactly as printed, in bash, on a machine that has never
+seen AWS: a fresh HOME, no AWS variables, the project's virtualenv on PATH, and a copy of
+the repository's examples (the block writes its job's outputs beside them)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SERVE_SECTION = "## Boto3 and the AWS CLI (`shoal serve`)"
+
+
+def shell_block(section: str) -> str:
+    """The first ```sh block under the README's heading ``section``."""
+    text = (REPO / "README.md").read_text()
+    assert section in text, f"README.md has no section {section!r}"
+    after = text.split(section, 1)[1].split("\n## ", 1)[0]
+    found = re.search(r"^```sh\n(.*?)^```", after, re.S | re.M)
+    assert found, f"no sh block under {section!r}"
+    return found.group(1)
+
+
+def fresh_machine(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A checkout's examples and the environment of a user who has never configured AWS."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "examples", checkout / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__", "out"))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.update({k: os.environ[k] for k in ("LANG", "LC_ALL", "TMPDIR") if k in os.environ})
+    assert shutil.which("aws", path=env["PATH"]), "the AWS CLI: pip install -e '.[test]'"
+    return checkout, env
+
+
+def processes_of(home: Path) -> list[psutil.Process]:
+    """What the block left running: processes with its HOME."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("HOME") == str(home):
+                found.append(process)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def test_the_shoal_serve_quick_start_runs_as_printed(tmp_path):
+    checkout, env = fresh_machine(tmp_path)
+    output = tmp_path / "output.txt"
+    try:
+        with open(output, "w") as out:  # a file, not a pipe: a server left behind keeps a pipe open
+            done = subprocess.run(["bash", "-e", "-c", shell_block(SERVE_SECTION)],
+                                  cwd=checkout, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=300)
+        printed = output.read_text()
+        assert done.returncode == 0, printed
+        for epoch in range(1, 9):  # the training script's lines, read back from its log stream
+            assert re.search(rf"^algo-1 epoch {epoch}: loss \d+\.\d+$", printed, re.M), printed
+        assert re.search(r"^saved the model: y = 2\.99x \+ 1\.00$", printed, re.M), printed
+        _, alive = psutil.wait_procs(processes_of(Path(env["HOME"])), timeout=30)
+        assert alive == [], "the block's kill left the server running"
+    finally:
+        for process in processes_of(Path(env["HOME"])):
+            process.kill()

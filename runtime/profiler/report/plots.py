@@ -34,11 +34,19 @@ def _t0(store: Store) -> float:
 
 def utilization(store: Store) -> str | None:
     """CPU per core (and GPU per device) over time, one panel per host."""
+    fig = utilization_figure(store)
+    return _svg(fig) if fig is not None else None
+
+
+def utilization_figure(store: Store):
+    """The figure ``utilization`` draws: constrained layout keeps each host's title clear of
+    the x-axis labels of the panel above it (fixed margins let them overlap)."""
     nodes = [n for n in store.nodes if store.metrics.get(n)]
     if not nodes:
         return None
     t0 = _t0(store)
-    fig, axes = plt.subplots(len(nodes), 1, figsize=(10, 2.6 * len(nodes)), squeeze=False)
+    fig, axes = plt.subplots(len(nodes), 1, figsize=(10, 2.8 * len(nodes)), squeeze=False,
+                             layout="constrained")
     for ax, node in zip(axes[:, 0], nodes):
         lines = defaultdict(list)
         for m in store.metrics[node]:
@@ -53,7 +61,7 @@ def utilization(store: Store) -> str | None:
         ax.set_title(f"{node}: utilization per core and GPU")
         ax.legend(loc="upper right", fontsize=7, ncol=min(8, max(1, len(lines))))
     axes[-1, 0].set_xlabel("seconds since the job's first record")
-    return _svg(fig)
+    return fig
 
 
 def _steps(store: Store):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 from typing import Any
 
 from shoal.aws_errors import translated
 from shoal.distribution import HYPERPARAMETER_NAMES, Distribution
 from shoal.follow import normalize_log_type
+from shoal.image_uris import framework_from_image
 from shoal.inputs import FileInput, FileSystemInput, ShuffleConfig, TrainingInput
 from shoal.request import InstanceGroup
 
@@ -23,22 +23,6 @@ SCRIPT_PARAM = "sagemaker_program"
 DIR_PARAM = "sagemaker_submit_directory"
 LOG_LEVEL_PARAM = "sagemaker_container_log_level"
 REGION_PARAM = "sagemaker_region"
-
-# ``shoal-pytorch-training:2.0.1-gpu-py310`` and the Deep Learning Containers' own
-# ``pytorch-training:2.0.1-gpu-py310[-cu118-ubuntu20.04-sagemaker]``.
-_IMAGE = re.compile(
-    r"^(?:.+/)?(?:shoal-)?(?P<framework>pytorch|tensorflow)-training"
-    r":(?P<version>\d+(?:\.\d+)*)-(?P<processor>cpu|gpu)-(?P<py>py\d+)"
-)
-
-
-def framework_from_image(image_uri: str | None) -> tuple[str, str, str] | None:
-    """``(framework, framework_version, py_version)`` of a framework image, else None."""
-    match = _IMAGE.match(image_uri or "")
-    if not match:
-        return None
-    return match.group("framework"), match.group("version"), match.group("py")
-
 
 def _decode(value: str) -> Any:
     """v2 JSON-encodes every value; one set by hand (or by a tuner) may be raw text."""

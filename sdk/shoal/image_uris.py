@@ -13,6 +13,21 @@ from shoal.errors import ImageError
 # GPU instance families: p* (p3, p4d, p5...) and g* (g4dn, g5...).
 _GPU_FAMILY = re.compile(r"^ml\.(p|g)\d")
 
+# ``shoal-pytorch-training:2.0.1-gpu-py310`` and the Deep Learning Containers' own
+# ``pytorch-training:2.0.1-gpu-py310[-cu118-ubuntu20.04-sagemaker]``.
+_FRAMEWORK_IMAGE = re.compile(
+    r"^(?:.+/)?(?:shoal-)?(?P<framework>pytorch|tensorflow)-training"
+    r":(?P<version>\d+(?:\.\d+)*)-(?P<processor>cpu|gpu)-(?P<py>py\d+)"
+)
+
+
+def framework_from_image(image_uri: str | None) -> tuple[str, str, str] | None:
+    """``(framework, framework_version, py_version)`` of a framework image, else None."""
+    match = _FRAMEWORK_IMAGE.match(image_uri or "")
+    if not match:
+        return None
+    return match.group("framework"), match.group("version"), match.group("py")
+
 
 def processor_for(instance_type: str | None) -> str:
     """``gpu`` for p*/g* families and ``local_gpu``, ``cpu`` otherwise (``local`` included)."""

@@ -33,3 +33,10 @@ def test_a_line_that_names_its_rank_keeps_its_own_tag(capsys):
     runner.say("Training job completed")
     assert capsys.readouterr().out == ("[1,mpirank:3,algo-2]<stdout>:hello\n"
                                        "[local] Training job completed\n")
+
+
+def test_the_downloading_message_names_the_channels():
+    assert runner.input_message([]) == "No input data to download"
+    assert runner.input_message(["train"]) == "Downloading input data (channel train)"
+    assert runner.input_message(["test", "train"]) == (
+        "Downloading input data (2 channels: test, train)")

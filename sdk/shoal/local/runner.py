@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 from ..errors import InputError
-from . import layout, log_streams, process, state, storage
+from . import framework, layout, log_streams, process, state, storage
 from .network import network_mode
 
 FAILURE_LIMIT = 1024
@@ -47,11 +47,13 @@ class Supervisor:
             self.profiler = profiling.JobProfiler(self.request, self.paths.job_dir, self.hosts)
 
     # -- state -----------------------------------------------------------------------------
-    def move(self, status: str, message: str | None = None, **fields) -> None:
+    def move(self, status: str, message: str | None = None, quiet: bool = False,
+             **fields) -> None:
         record = state.transition(state.read(self.paths.state_file), status, message)
         record.update(fields)
+        if not quiet:  # first: a follower reads the log to its end once the record is final
+            say(record["SecondaryStatusTransitions"][-1]["StatusMessage"])
         state.write(self.paths.state_file, record)
-        say(record["SecondaryStatusTransitions"][-1]["StatusMessage"])
 
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -109,6 +111,10 @@ class Supervisor:
         say(f"running {len(self.hosts)} host(s) with {sys.executable} "
             f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
             f"locally)")
+        in_image = self.network == "namespaces" and os.environ.get("SHOAL_LOCAL_IMAGE")
+        note = None if in_image else framework.framework_note(self.request)
+        if note:
+            say(note)
         if self.profiler is not None:
             environment = self.profiler.environment(environment)
             self.profiler.start(on_change=self.record_rules)
@@ -184,7 +190,9 @@ class Supervisor:
         signal.signal(signal.SIGINT, self.on_signal)
         try:
             self.prepare()
-            self.move("Downloading")
+            channels = sorted(layout.channel_sources(self.request))
+            # Recorded as on SageMaker, printed only when there is data to fetch.
+            self.move("Downloading", input_message(channels), quiet=not channels)
             self.download()
             if self.stopping.is_set():
                 self.move("Stopped")
@@ -222,6 +230,15 @@ class Supervisor:
         self.stopping.set()
         self.move("Stopping")
         raise StopRequested()
+
+
+def input_message(channels: list[str]) -> str:
+    """The Downloading status message, naming the channels."""
+    if not channels:
+        return "No input data to download"
+    if len(channels) == 1:
+        return f"Downloading input data (channel {channels[0]})"
+    return f"Downloading input data ({len(channels)} channels: {', '.join(channels)})"
 
 
 class StopRequested(BaseException):

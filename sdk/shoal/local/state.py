@@ -22,7 +22,7 @@ PRIMARY = {
 MESSAGES = {
     "Starting": "Preparing the local hosts for training",
     "Downloading": "Downloading input data",
-    "Training": "Training image download completed. Training in progress.",
+    "Training": "Training in progress.",  # no image is downloaded locally
     "Uploading": "Uploading generated training model",
     "Stopping": "Stopping the training job",
     "Completed": "Training job completed",

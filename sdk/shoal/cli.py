@@ -140,7 +140,9 @@ def dry_run_session(spec):
 def dry_run_request(estimator, spec) -> dict:
     """The request ``fit()`` would submit, secrets redacted, built without any call."""
     from .secrets import redact
+    from .staging import check_code_paths
 
+    check_code_paths(estimator.config.entry_point, estimator.config.source_dir)  # as fit() does
     job_name = estimator._prepare_for_training(spec.job_name)
     return redact(estimator.build_request(spec.inputs, job_name))
 

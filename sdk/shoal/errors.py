@@ -8,6 +8,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   |   +-- InputError              channels, TrainingInput, FileSystemInput
     |   |   +-- SecretValueError        a secret-looking hyperparameter/env value
     |   |   +-- DebuggerError           rules, profiler and Debugger hook configuration
+    |   |   +-- SourceCodeError         entry_point/source_dir name nothing (a StagingError too)
     |   +-- StagingError                source_dir, entry point, symlinks, archive
     |   +-- ImageError                  no image for that framework/version/processor
     +-- AWSError                        the AWS side refused (exit 3)
@@ -66,6 +67,12 @@ class DebuggerError(ValidationError):
 
 class StagingError(ConfigError):
     """The code cannot be staged: missing entry point, escaping symlink, ..."""
+
+
+class SourceCodeError(ValidationError, StagingError):
+    """``entry_point`` or ``source_dir`` names no file or directory on this machine;
+    refused at ``fit()`` before any job exists (a ``StagingError`` too: the code cannot be
+    staged)."""
 
 
 class ImageError(ConfigError):

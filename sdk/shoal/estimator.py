@@ -307,6 +307,9 @@ class EstimatorBase:
     def fit(self, inputs=None, wait: bool = True, logs="All", job_name: str | None = None):
         """Run a training job. The request is built (and so fully checked) before the code
         is uploaded, so an invalid job sends nothing to AWS."""
+        from shoal.staging import check_code_paths
+
+        check_code_paths(self.config.entry_point, self.config.source_dir)  # as v2's fit()
         job_name = self._prepare_for_training(job_name)
         request = self.build_request(inputs, job_name)
         advisor.review(self, inputs)  # logs the tips once; raises only in strict mode

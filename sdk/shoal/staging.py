@@ -24,7 +24,8 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from shoal import transfer
-from shoal.errors import StagingError
+from shoal.config import did_you_mean
+from shoal.errors import SourceCodeError, StagingError
 
 ARCHIVE_NAME = "sourcedir.tar.gz"
 
@@ -186,6 +187,50 @@ def _check_entry_point(entry_point: str, source: Path, members: list[Member]) ->
         raise StagingError(f"entry point {entry_point!r} not found in source_dir {str(source)!r}")
     if not any(m.arcname == rel.as_posix() for m in members):
         raise StagingError(f"entry point {entry_point!r} is excluded by the ignore patterns")
+
+
+def check_code_paths(entry_point: str | None, source_dir: str | None) -> None:
+    """Refuse code that is not there, before any job exists or anything is uploaded.
+
+    What SageMaker SDK v2's ``fit()`` takes is taken: an ``s3://`` source_dir (an archive,
+    ``entry_point`` its member, not looked for); with a local source_dir, ``entry_point``
+    joined to it must be a file (``fw_utils.validate_source_dir``); without one,
+    ``entry_point`` is a path of its own (v2 archives that file alone).
+    """
+    if is_s3_uri(source_dir):
+        return
+    if source_dir:
+        if not os.path.isdir(source_dir):
+            raise SourceCodeError(f"'source_dir' is not a directory: {source_dir!r}"
+                                  f"{_relative_to_cwd(source_dir)}")
+        if entry_point is not None and not os.path.isfile(os.path.join(source_dir, entry_point)):
+            raise SourceCodeError(
+                f"'entry_point' names no file: {entry_point!r} "
+                f"{_missing(os.path.join(source_dir, entry_point))} in source_dir "
+                f"{source_dir!r}{_nearest_file(source_dir, entry_point)}")
+    elif entry_point is not None and not os.path.isfile(entry_point):
+        raise SourceCodeError(
+            f"'entry_point' names no file: {entry_point!r} {_missing(entry_point)}"
+            f"{_relative_to_cwd(entry_point)}{_nearest_file('', entry_point)}")
+
+
+def _missing(path: str) -> str:
+    return "is a directory" if os.path.isdir(path) else "not found"
+
+
+def _relative_to_cwd(path: str) -> str:
+    return "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+
+
+def _nearest_file(base: str, entry_point: str) -> str:
+    """`` (did you mean 'train.py'?)`` from the files beside where the entry point would be."""
+    parent = os.path.dirname(entry_point)
+    folder = os.path.join(base, parent) or "."
+    try:
+        names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
+    except OSError:
+        return ""
+    return did_you_mean(entry_point, [os.path.join(parent, n) for n in names])
 
 
 def collect_members(

@@ -203,3 +203,37 @@ def test_local_code_is_placed_as_staging_would_archive_it(tmp_path):
     assert placed == ["pkg/util.py", "train.py"]
     assert local_code({**REQUEST, "HyperParameters": {
         "sagemaker_submit_directory": '"s3://b/k/sourcedir.tar.gz"'}}) is None
+
+
+def test_submit_refuses_local_code_that_is_not_there(tmp_path, monkeypatch):
+    from shoal.backends.local import LocalBackend
+    from shoal.errors import SourceCodeError
+    from shoal.local import process
+
+    class Spawned(Exception):
+        pass
+
+    def spawn(*args):
+        raise Spawned
+
+    monkeypatch.setattr(process, "spawn_runner", spawn)
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print(1)\n")
+    (tmp_path / "sourcedir.tar.gz").write_bytes(b"")
+
+    def submit(directory, program):
+        LocalBackend(root=tmp_path / "jobs").submit({
+            **REQUEST, "InputDataConfig": [], "HyperParameters": {
+                "sagemaker_program": json.dumps(program),
+                "sagemaker_submit_directory": json.dumps((tmp_path / directory).as_uri())}})
+
+    with pytest.raises(SourceCodeError) as caught:
+        submit("nocode", "train.py")
+    assert str(caught.value) == f"'source_dir' is not a directory: '{tmp_path}/nocode'"
+    with pytest.raises(SourceCodeError) as caught:
+        submit("code", "trian.py")
+    assert str(caught.value) == (f"'entry_point' names no file: 'trian.py' not found in "
+                                 f"source_dir '{tmp_path}/code' (did you mean 'train.py'?)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["code", "sourcedir.tar.gz"]
+    with pytest.raises(Spawned):  # an archive is the launcher's to unpack
+        submit("sourcedir.tar.gz", "train.py")

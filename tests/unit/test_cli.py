@@ -337,3 +337,21 @@ def test_a_job_being_started_is_not_mistaken_for_a_dead_one(root, capsys):
     state.write(paths.state_file, state.initial({**REQUEST, "TrainingJobName": "starting"}))
     code, out, _ = run(capsys, "status", "local://starting")
     assert code == 0 and "TrainingJobStatus: InProgress" in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--dry-run"]])
+def test_run_refuses_missing_code_with_exit_2_and_starts_nothing(root, capsys, tmp_path, extra):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    code, out, err = run(capsys, "run", "--local", "--entry-point", "trian.py", "--source-dir",
+                         "code", "--framework-version", "1.13.1", "--instance-count", "1",
+                         "--job-name", "typo", *extra)
+    assert code == 2 and out == ""
+    assert ("error: 'entry_point' names no file: 'trian.py' not found in source_dir 'code' "
+            "(did you mean 'train.py'?)") in err
+    code, _, err = run(capsys, "run", "--local", "--entry-point", "train.py", "--source-dir",
+                       "nocode", "--framework-version", "1.13.1", "--instance-count", "1",
+                       *extra)
+    assert code == 2 and "'source_dir' is not a directory: 'nocode'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["code"]
+

@@ -271,3 +271,53 @@ def test_secrets_are_refused_at_construction_and_after_set_hyperparameters(aws):
 def test_image_uri_length_is_checked(aws):
     with pytest.raises(ValidationError, match="'image_uri' must be at most 255 characters"):
         shoal.Estimator("i" * 256, ROLE, 1, "ml.m5.xlarge", sagemaker_session=session())
+
+
+def test_missing_code_is_refused_before_any_job_or_upload_on_sagemaker(monkeypatch, tmp_path):
+    from shoal.errors import SourceCodeError
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-west-2")
+        client = session().sagemaker_client
+        for changes, message in [
+            ({"entry_point": "trian.py"}, "'entry_point' names no file: 'trian.py' not found "
+                                          "in source_dir 'code' (did you mean 'train.py'?)"),
+            ({"source_dir": "nocode"}, "'source_dir' is not a directory: 'nocode'")]:
+            est = pytorch(**changes)
+            with pytest.raises(SourceCodeError) as caught:
+                est.fit({"train": "s3://data/train"}, wait=False, job_name="refused-job")
+            assert str(caught.value).startswith(message)
+            assert est.latest_training_job is None
+            assert client.list_training_jobs()["TrainingJobSummaries"] == []
+            assert s3.list_buckets()["Buckets"] == []
+        # what v2 takes: an S3 archive (nothing looked for, nothing uploaded), a lone path
+        pytorch(source_dir="s3://code/sourcedir.tar.gz", entry_point="missing.py").fit(
+            wait=False, job_name="s3-code")
+        assert s3.list_buckets()["Buckets"] == []
+        pytorch(source_dir=None, entry_point="code/train.py").fit(wait=False, job_name="lone")
+        jobs = client.list_training_jobs()["TrainingJobSummaries"]
+        assert sorted(j["TrainingJobName"] for j in jobs) == ["lone", "s3-code"]
+        assert bucket_keys("sagemaker-us-west-2-123456789012") == ["lone/source/sourcedir.tar.gz"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"entry_point": "trian.py"}, "'entry_point' names no file: 'trian.py' not found"),
+    ({"source_dir": "nocode"}, "'source_dir' is not a directory: 'nocode'"),
+    ({"source_dir": None, "entry_point": "trian.py"}, "'entry_point' names no file"),
+])
+def test_missing_code_leaves_no_local_job_behind(monkeypatch, tmp_path, changes, message):
+    from shoal.errors import SourceCodeError
+
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    est = shoal.PyTorch(**{**PT, "instance_type": "local", "role": "LocalRole", **changes})
+    with pytest.raises(SourceCodeError, match=re.escape(message)):
+        est.fit(wait=False, job_name="refused-local-job")
+    assert est.latest_training_job is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["code"]  # no job, record or output
+

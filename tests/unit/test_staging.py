@@ -352,3 +352,73 @@ def test_last_matching_pattern_wins():
     assert not staging._matches(rel, False, ("*.yaml", "!keep.yaml"))
     assert staging._matches(rel, False, ("!keep.yaml", "*.yaml"))
     assert not staging._matches(PurePosixPath("build"), False, ("build/",))  # dirs only
+
+
+def test_a_missing_entry_point_is_named_with_the_nearest_file(code, monkeypatch):
+    from shoal.errors import SourceCodeError, ValidationError
+
+    with pytest.raises(SourceCodeError) as caught:
+        staging.check_code_paths("trian.py", str(code))
+    assert isinstance(caught.value, ValidationError)
+    assert str(caught.value) == (f"'entry_point' names no file: 'trian.py' not found in "
+                                 f"source_dir '{code}' (did you mean 'train.py'?)")
+    with pytest.raises(SourceCodeError, match=r"'lib/modle\.py' not found .*'lib/model\.py'"):
+        staging.check_code_paths("lib/modle.py", str(code))
+    with pytest.raises(SourceCodeError, match="'entry_point' names no file: 'lib' is a directory"):
+        staging.check_code_paths("lib", str(code))
+    monkeypatch.chdir(code.parent)  # without source_dir the entry point is a path of its own
+    with pytest.raises(SourceCodeError, match=r"'code/trian\.py' not found \(relative to "
+                                              r".*\) \(did you mean 'code/train\.py'\?\)"):
+        staging.check_code_paths("code/trian.py", None)
+
+
+def test_a_source_dir_that_is_no_directory_is_named(code, monkeypatch):
+    from shoal.errors import SourceCodeError
+
+    with pytest.raises(SourceCodeError, match=f"^'source_dir' is not a directory: "
+                                              f"'{code.parent}/nocode'$"):
+        staging.check_code_paths("train.py", str(code.parent / "nocode"))
+    monkeypatch.chdir(code)
+    with pytest.raises(SourceCodeError, match=r"'source_dir' is not a directory: 'train\.py' "
+                                              r"\(relative to "):
+        staging.check_code_paths("x.py", "train.py")  # a file, as v2 refuses it
+
+
+@pytest.mark.parametrize("entry_point, source_dir", [
+    ("train.py", "code"),
+    ("lib/model.py", "code"),  # relative to source_dir, in a subdirectory
+    ("./train.py", "code"),
+    ("{code}/train.py", "code"),  # v2 joins an absolute path to nothing
+    ("code/train.py", None),  # without source_dir: a path from the working directory
+    ("{code}/train.py", None),
+    ("missing.py", "s3://bucket/prefix/sourcedir.tar.gz"),  # an archive: taken as is
+    ("missing.py", "S3://bucket/sourcedir.tar.gz"),
+    (None, None),
+])
+def test_what_sagemaker_v2_takes_is_taken(code, monkeypatch, entry_point, source_dir):
+    monkeypatch.chdir(code.parent)
+    entry_point = entry_point and entry_point.format(code=code)
+    staging.check_code_paths(entry_point, source_dir)
+
+
+@pytest.mark.parametrize("entry_point, source_dir", [
+    ("train.py", "code"), ("lib/model.py", "code"), ("trian.py", "code"), ("lib", "code"),
+    ("train.py", "nocode"), ("x.py", "code/train.py"), ("code/train.py", "."),
+])
+def test_a_local_source_dir_is_refused_where_sagemaker_v2_refuses_it(code, monkeypatch,
+                                                                    entry_point, source_dir):
+    from shoal.errors import SourceCodeError
+
+    fw_utils = pytest.importorskip("sagemaker.fw_utils")
+    monkeypatch.chdir(code.parent)
+    try:
+        fw_utils.validate_source_dir(entry_point, source_dir)
+        v2_refuses = False
+    except ValueError:
+        v2_refuses = True
+    try:
+        staging.check_code_paths(entry_point, source_dir)
+        refused = False
+    except SourceCodeError:
+        refused = True
+    assert refused == v2_refuses

@@ -41,6 +41,7 @@ class LocalBackend:
         layout.host_names(request)  # refuse a malformed request before anything runs
         network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
         _check_local_sources(request)
+        _check_local_code(request)
         paths.job_dir.mkdir(parents=True)
         paths.request_file.write_text(_dumps(request))
         record = state.initial(request, self.region)
@@ -56,6 +57,20 @@ def _check_local_sources(request: dict) -> None:
     for channel, uri in layout.channel_sources(request).items():
         if not storage.is_s3(uri) and not storage.file_path(uri).exists():
             raise InputError(f"channel {channel!r}: {uri} does not exist on this machine")
+
+
+def _check_local_code(request: dict) -> None:
+    """Code used in place (a ``file://`` ``sagemaker_submit_directory``) must be there now:
+    a missing directory or program fails the call, not the job later. A file there is an
+    archive (or the script) that the launcher unpacks."""
+    from ..local.runner import local_code
+    from ..staging import check_code_paths
+
+    path = local_code(request)
+    if path is None or os.path.isfile(path):
+        return
+    program = (request.get("HyperParameters") or {}).get("sagemaker_program")
+    check_code_paths(json.loads(program) if program else None, path)
 
 
 def _dumps(data) -> str:

@@ -77,6 +77,8 @@ def _hyperparameters(values):
 @click.option("--hyperparameter", "-H", "hyperparameter", multiple=True, metavar="KEY=VALUE")
 @click.option("--input", "-i", "inputs", multiple=True, metavar="CHANNEL=URI")
 @click.option("--env", "-e", "environment", multiple=True, metavar="NAME=VALUE")
+@click.option("--allow-secrets", is_flag=True,
+              help="Send secret-looking hyperparameter and environment values anyway.")
 @click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
 @click.option("--network", "local_network", type=click.Choice(NETWORK_MODES),
               help="Local jobs: hosts on loopback, or in network namespaces of their own (root).")
@@ -86,6 +88,7 @@ def _hyperparameters(values):
 @click.option("--detach", is_flag=True, help="Print the handle and return; do not follow.")
 def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, **flags):
     """Run a training job from flags and/or JOB_FILE (YAML)."""
+    flags["allow_secrets"] = flags["allow_secrets"] or None  # unset: the job file decides
     flags["hyperparameters"] = _hyperparameters(hyperparameter) or None
     flags["inputs"] = _pairs(inputs, "--input") or None
     flags["environment"] = _pairs(environment, "--env") or None

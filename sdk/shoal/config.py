@@ -86,6 +86,7 @@ class JobSpec:
     max_run: int | None = _field(int, _positive)
     hyperparameters: dict | None = attrs.field(default=None, validator=_str_map)
     environment: dict | None = attrs.field(default=None, validator=_str_map)
+    allow_secrets: bool | None = _field(bool)  # send secret-looking values anyway
     distribution: dict | None = attrs.field(default=None, validator=_str_map)
     inputs: Any = attrs.field(default=None, validator=_inputs)
     output_path: str | None = _field(str)

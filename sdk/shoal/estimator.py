@@ -115,8 +115,7 @@ class EstimatorBase:
         object.__setattr__(self, "_hyperparameters", dict(params.pop("hyperparameters") or {}))
         object.__setattr__(self, "config", TrainingConfig(**params))
         # refuse secrets now, before any call; build_request checks the final values again
-        secrets.check_no_secrets(self._hyperparameters, "hyperparameters", allow_secrets)
-        secrets.check_no_secrets(self.config.environment, "environment", allow_secrets)
+        secrets.check_no_secrets(self._hyperparameters, self.config.environment, allow_secrets)
         self.sagemaker_session = session or Session(local_mode=self.config.local_mode)
         self.latest_training_job = None
         self._current_job_name = None

@@ -390,8 +390,7 @@ def channels(c: TrainingConfig, r: Resolved, inputs) -> tuple[list | None, str]:
 def build_request(c: TrainingConfig, r: Resolved, inputs=None) -> dict:
     """The ``CreateTrainingJob`` request for this config, resolution and inputs."""
     input_config, input_mode = channels(c, r, inputs)
-    secrets.check_no_secrets(r.hyperparameters, "hyperparameters", c.allow_secrets)
-    secrets.check_no_secrets(c.environment, "environment", c.allow_secrets)
+    secrets.check_no_secrets(r.hyperparameters, c.environment, c.allow_secrets)
     request = {
         "AlgorithmSpecification": _algorithm(c, r, input_mode),
         "OutputDataConfig": _output_config(c, r),

@@ -3,8 +3,9 @@ requests before they are printed.
 
 A ``CreateTrainingJob`` request is stored by the service and shown in the console,
 in ``DescribeTrainingJob`` and in logs; a credential put there leaks. Shoal refuses
-secret-looking values with ``SecretValueError`` unless the estimator is built with
-``allow_secrets=True``, and never includes the value itself in a message.
+secret-looking values with ``SecretValueError`` unless allowed (the estimator's
+``allow_secrets=True``, a job file's ``allow_secrets: true``, ``shoal run --allow-secrets``),
+and never includes the value itself in a message.
 """
 
 from __future__ import annotations
@@ -106,17 +107,25 @@ def find_secrets(mapping: Mapping | None, where: str) -> list[Finding]:
     return found
 
 
-def check_no_secrets(mapping: Mapping | None, where: str, allow: bool = False) -> None:
-    """Raise ``SecretValueError`` naming the keys (never the values) unless ``allow``."""
+# The three places a user can say "send them anyway".
+ALLOW_HINT = ("the estimator's allow_secrets=True, 'allow_secrets: true' in the job file, "
+              "or 'shoal run --allow-secrets'")
+
+
+def check_no_secrets(hyperparameters: Mapping | None = None, environment: Mapping | None = None,
+                     allow: bool = False) -> None:
+    """Raise one ``SecretValueError`` naming every secret-looking key of both mappings (never
+    a value) unless ``allow``."""
     if allow:
         return
-    found = find_secrets(mapping, where)
+    found = find_secrets(hyperparameters, "hyperparameters") + find_secrets(
+        environment, "environment")
     if found:
         listed = ", ".join(str(f) for f in found)
         raise SecretValueError(
             f"refusing to send secret-looking values: {listed}; the request is stored and "
-            "shown by the service. Pass them through a secrets manager, or build the "
-            "estimator with allow_secrets=True to send them anyway")
+            "shown by the service. Pass them through a secrets manager, or send them anyway "
+            f"with {ALLOW_HINT}")
 
 
 def _redact_value(value):

@@ -355,3 +355,33 @@ def test_run_refuses_missing_code_with_exit_2_and_starts_nothing(root, capsys, t
     assert code == 2 and "'source_dir' is not a directory: 'nocode'" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["code"]
 
+
+def secret_job(tmp_path, **keys):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+        "entry_point": "train.py", "instance_type": "local", "instance_count": 1,
+        "framework_version": "1.13.1", "job_name": "secret-job",
+        "hyperparameters": {"api_key": "sk-live-12345"},
+        "environment": {"GITHUB_TOKEN": "ghp_" + "x1" * 18}, **keys}))
+
+
+def test_run_names_every_secret_and_the_three_ways_to_allow_them(root, capsys, tmp_path):
+    secret_job(tmp_path)
+    code, out, err = run(capsys, "run", "job.yaml", "--dry-run")
+    assert code == 2 and out == ""
+    assert "hyperparameters['api_key'] (secret-looking key name)" in err
+    assert "environment['GITHUB_TOKEN'] (GitHub token)" in err
+    assert "allow_secrets=True" in err and "allow_secrets: true" in err
+    assert "shoal run --allow-secrets" in err
+    assert "sk-live-12345" not in err and "ghp_" not in err
+
+
+@pytest.mark.parametrize("keys, flags", [({}, ["--allow-secrets"]),
+                                         ({"allow_secrets": True}, [])])
+def test_run_sends_secrets_when_allowed_by_flag_or_job_file(root, capsys, tmp_path, keys, flags):
+    secret_job(tmp_path, **keys)
+    code, out, err = run(capsys, "run", "job.yaml", "--dry-run", *flags)
+    assert code == 0, err
+    request = json.loads(out)
+    assert request["HyperParameters"]["api_key"] == "***"  # redacted, but sent
+    assert request["Environment"] == {"GITHUB_TOKEN": "***"}

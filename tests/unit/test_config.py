@@ -47,6 +47,7 @@ def test_unknown_key_is_rejected_with_a_suggestion():
         ({"framework": "jax"}, "'framework' must be in"),
         ({"hyperparameters": ["a"]}, "'hyperparameters' must be a mapping"),
         ({"inputs": {"train": 3}}, "'inputs.train' must be a URI string"),
+        ({"allow_secrets": "yes"}, "'allow_secrets' must be bool \\(got 'yes'\\)"),
     ],
 )
 def test_wrong_types_say_what_was_wrong(data, message):
@@ -138,3 +139,16 @@ def test_a_bad_local_network_or_link_is_refused_before_anything_runs():
         parse_spec({"local_network": "bridged"})
     with pytest.raises(LinkError, match="unknown link setting 'jitter'"):
         local_environment(parse_spec({"local_link": "jitter=1ms"}))
+
+
+def test_allow_secrets_in_a_job_file_reaches_the_estimator(homes, tmp_path):
+    from shoal.config import build_estimator, estimator_kwargs
+
+    job = write(tmp_path / "job.yaml", {
+        "entry_point": "train.py", "instance_type": "local", "instance_count": 1,
+        "framework_version": "1.13.1", "environment": {"DB_PASSWORD": "hunter2"},
+        "allow_secrets": True})
+    spec = resolve(job, {"allow_secrets": None}, cwd=homes[1])  # the flag not given
+    assert spec.allow_secrets is True and estimator_kwargs(spec)["allow_secrets"] is True
+    assert build_estimator(spec).config.allow_secrets is True
+    assert resolve(job, {"allow_secrets": False}, cwd=homes[1]).allow_secrets is False

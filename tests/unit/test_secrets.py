@@ -56,15 +56,27 @@ def test_key_words_split_case_and_separators():
 
 def test_check_names_keys_never_values():
     with pytest.raises(SecretValueError) as caught:
-        check_no_secrets({"a": "AKIAIOSFODNN7EXAMPLE", "b": "1"}, "environment")
+        check_no_secrets(environment={"a": "AKIAIOSFODNN7EXAMPLE", "b": "1"})
     message = str(caught.value)
     assert "environment['a'] (AWS access key id)" in message
     assert "AKIAIOSFODNN7EXAMPLE" not in message
     assert "allow_secrets=True" in message
 
 
+def test_every_secret_is_named_in_one_error_with_the_ways_to_allow_them():
+    with pytest.raises(SecretValueError) as caught:
+        check_no_secrets({"lr": "0.1", "api_key": "sk-live-123", "hf_token": '"hf_abc"'},
+                         {"GITHUB_TOKEN": "ghp_" + "x1" * 18, "N": "4"})
+    message = str(caught.value)
+    assert ("hyperparameters['api_key'] (secret-looking key name), hyperparameters['hf_token'] "
+            "(secret-looking key name), environment['GITHUB_TOKEN'] (GitHub token);") in message
+    assert ("the estimator's allow_secrets=True, 'allow_secrets: true' in the job file, or "
+            "'shoal run --allow-secrets'") in message
+    assert not any(value in message for value in ("sk-live-123", "hf_abc", "ghp_"))
+
+
 def test_allow_skips_the_check():
-    check_no_secrets({"password": "x"}, "hyperparameters", allow=True)
+    check_no_secrets({"password": "x"}, {"DB_PASSWORD": "y"}, allow=True)
     assert [f.key for f in find_secrets({"password": "x", "n": 1}, "hyperparameters")] == ["password"]
 
 

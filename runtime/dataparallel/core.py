@@ -75,6 +75,12 @@ class Handle:
         """A completed receive's source rank (in its group)."""
         return self._handle.source()
 
+    def cancel(self) -> bool:
+        """Withdraws a receive no message has matched yet: its ``wait()`` then raises
+        ``ReceiveCancelledError`` and True is returned; False for anything else (a send,
+        a collective, a receive already matched), which completes as it would have."""
+        return self._handle.cancel()
+
 
 @attrs.define(eq=False)
 class Group:

@@ -22,6 +22,8 @@ ERROR_LINES = 6
 _ELLIPSIS = "..."
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s+File "[^"]*", line \d+')
+# torch.distributed's excepthook prefixes each traceback line with the rank: "[rank2]: ".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)"
                         r"(?::\s.*)?$")  # fmt: skip
 
@@ -54,9 +56,9 @@ def exception_line(lines: Sequence[str]) -> str | None:
     A rank's stdout and stderr arrive through separate pipes, so a line the script printed
     before raising can land after (or inside) the traceback: the exception line is taken by
     its shape, after the traceback's start (its header, or its first frame once the header
-    has scrolled out of the tail).
+    has scrolled out of the tail). torch.distributed's ``[rankN]: `` prefix is dropped.
     """
-    lines = [ln.rstrip() for ln in lines]
+    lines = [_RANK_PREFIX.sub("", ln.rstrip()) for ln in lines]
     starts = [i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK]
     start = starts[-1] if starts else next(
         (i for i, ln in enumerate(lines) if _FRAME.match(ln)), None)

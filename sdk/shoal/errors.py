@@ -22,6 +22,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   +-- CollectiveError             a collective failed on this rank
     |   |   +-- CollectiveTimeoutError  peers did not arrive within the timeout
     |   |   +-- PeerLostError           a peer process died
+    |   |   +-- ReceiveCancelledError   a receive withdrawn by Handle.cancel()
     |   +-- LaunchError                 mpirun/a rank could not start or failed
     +-- BuildError                      an image build or push failed (exit 1)
     +-- Interrupted                     Ctrl-C while following (exit 130)
@@ -131,6 +132,10 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class PeerLostError(CollectiveError):
     """A peer process died or its connection broke during a collective."""
+
+
+class ReceiveCancelledError(CollectiveError):
+    """A receive was withdrawn (``Handle.cancel()``) before any message matched it."""
 
 
 class LaunchError(RuntimeFailure):

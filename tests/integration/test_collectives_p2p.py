@@ -1,7 +1,8 @@
 """Point-to-point transfers of the collective core under the real mpirun: sends and receives
 of every size class (inline in one slot, fragments, read in place from the sender, and over
 the host-to-host connections), tag matching out of issue order, receives from any source,
-rings of simultaneous transfers, inside groups, and a peer that dies.
+rings of simultaneous transfers, inside groups, receives withdrawn before a message came,
+and a peer that dies.
 
 This file is also the worker: ``python test_collectives_p2p.py worker``.
 """
@@ -95,6 +96,34 @@ def check_group(core, rank, size) -> int:
     return cases
 
 
+def check_cancel(core, rank, size) -> int:
+    """A receive withdrawn before any message matched it fails with ReceiveCancelledError
+    and takes no later message (the next receive of that tag does); a completed receive
+    and a send cannot be withdrawn."""
+    from shoal.errors import ReceiveCancelledError
+
+    nxt, prev = (rank + 1) % size, (rank - 1) % size
+    stale = np.zeros(64, dtype=np.uint8)
+    withdrawn = core.irecv(stale, None, tag=31)
+    assert withdrawn.cancel() is True
+    try:
+        withdrawn.wait()
+        raise AssertionError("a cancelled receive completed")
+    except ReceiveCancelledError as e:
+        assert "cancelled" in str(e)
+    assert withdrawn.cancel() is False
+    core.barrier()  # every rank has withdrawn its receive before any message leaves
+    send = core.isend(payload(rank, nxt, 64, 31), nxt, tag=31)
+    into = np.zeros(64, dtype=np.uint8)
+    received = core.irecv(into, None, tag=31)
+    received.wait()
+    send.wait()
+    assert received.source == prev and np.array_equal(into, payload(prev, rank, 64, 31))
+    assert not stale.any()
+    assert received.cancel() is False and send.cancel() is False
+    return 1
+
+
 def worker() -> None:
     from shoal.dataparallel import core
 
@@ -104,6 +133,7 @@ def worker() -> None:
     cases += check_ring(core, rank, size)
     cases += check_tags_and_any_source(core, rank, size)
     cases += check_group(core, rank, size)
+    cases += check_cancel(core, rank, size)
     finish_worker(core, rank, cases)
 
 

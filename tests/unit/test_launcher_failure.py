@@ -80,3 +80,11 @@ def test_exception_line_of_chained_and_scrolled_tracebacks():
     assert failure.exception_line(["no traceback", "ValueError: looks like one"]) is None
     assert failure.exception_line(["Traceback (most recent call last):", "  File", "Custom"]) == (
         "Custom")
+
+
+def test_exception_line_of_a_traceback_torch_prefixed_with_the_rank():
+    # torch.distributed's excepthook writes every line of the traceback as "[rankN]: ...".
+    prefixed = ("[rank2]: Traceback (most recent call last):",
+                '[rank2]:   File "train.py", line 9, in <module>', "[rank2]:     main()",
+                "[rank2]: ValueError: Batch size must be divisible", "terminate called")
+    assert failure.exception_line(prefixed) == "ValueError: Batch size must be divisible"

@@ -45,6 +45,10 @@ struct Handle {
   py::object keep;
   bool test() { return work->test(); }
   int source() { return work->source(); }
+  bool cancel() {
+    py::gil_scoped_release nogil;  // takes the transfers' lock, which a waiter may hold
+    return work->cancel();
+  }
   void wait() {
     {
       py::gil_scoped_release nogil;
@@ -83,6 +87,7 @@ PYBIND11_MODULE(_core, m) {
         case shoal::Error::Kind::PeerLost: cls = "PeerLostError"; break;
         case shoal::Error::Kind::Usage: cls = "ValidationError"; break;
         case shoal::Error::Kind::System: cls = "CollectiveError"; break;
+        case shoal::Error::Kind::Cancelled: cls = "ReceiveCancelledError"; break;
       }
       py::object exc = errors.attr(cls)(e.what());
       py::list ranks;
@@ -95,7 +100,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Handle>(m, "Handle")
       .def("test", &Handle::test)
       .def("wait", &Handle::wait)
-      .def("source", &Handle::source);
+      .def("source", &Handle::source)
+      .def("cancel", &Handle::cancel);
 
   m.def("init", [] {
     const shoal::Topology* t;

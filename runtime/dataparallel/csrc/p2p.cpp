@@ -96,6 +96,7 @@ struct P2P::Op : Work {
     callback();
   }
   int source() override { return is_send ? peer : from; }
+  bool cancel() override { return p2p->cancel(*this); }
   // With mu_ held. Callbacks run here: they must not call back into P2P.
   void finish(std::exception_ptr e = nullptr) {
     if (done.load()) return;
@@ -204,6 +205,20 @@ void P2P::enqueue(const std::shared_ptr<Op>& op) {
       pending_cv_.notify_all();
     }
   }
+}
+
+bool P2P::cancel(Op& op) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = std::find_if(posted_.begin(), posted_.end(), [&](const auto& p) { return p.get() == &op; });
+  if (it == posted_.end()) return false;  // a send, or a receive a message already matched
+  auto held = *it;  // finish() may run callbacks that drop the last other reference
+  posted_.erase(it);
+  held->finish(std::make_exception_ptr(Error(
+      Error::Kind::Cancelled, "recv: cancelled before a message matched it (rank " +
+                              std::to_string(cfg_.global_rank) + ", tag " + std::to_string(op.tag) +
+                              ")")));
+  ring(me_);  // a thread waiting on it looks again
+  return true;
 }
 
 // ---- matching -------------------------------------------------------------------

@@ -56,6 +56,8 @@ class P2P {
   struct Message;
   struct Link;
 
+  bool cancel(Op& op);  // an unmatched receive (Work::cancel)
+
  private:
   friend struct Op;
   void progress();                      // with mu_ held

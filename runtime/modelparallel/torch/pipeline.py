@@ -10,6 +10,7 @@ request or microbatch a rank works on next is the scheduler's choice (scheduler.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import traceback
 from collections.abc import Callable
@@ -21,7 +22,9 @@ from shoal.modelparallel.torch import remote
 from shoal.modelparallel.torch.scheduler import BACKWARD, FORWARD, Scheduler, current_task
 from shoal.modelparallel.torch.transport import Mailbox, Message, Transport
 
-# Message kinds (transport.KIND_CLOSE is 0).
+log = logging.getLogger("shoal.modelparallel")
+
+# Message kinds (0 is left unused).
 CALL, CALL_REPLY, GRAD, GRAD_REPLY, OUTPUT, STEP_END, STEP_ERROR = range(1, 8)
 
 
@@ -344,5 +347,5 @@ class Engine:
             self.scheduler.switch_phase(task, BACKWARD)
 
     def close(self) -> None:
-        if self.mailbox is not None:
-            self.mailbox.close((self.rank + 1) % self.size)
+        if self.mailbox is not None and not self.mailbox.close():
+            log.warning("the pipeline's receiving thread did not end within 10 s")

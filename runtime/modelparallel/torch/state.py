@@ -178,7 +178,8 @@ def _torch_groups(topology: Topology) -> dict[tuple[int, ...], Any]:
 
 
 def shutdown() -> None:
-    """Ends the pipeline's receiving thread (at exit; every rank of the pipeline)."""
+    """Ends the pipeline's receiving thread (at exit, this rank alone: after an error its
+    peers may still be busy, and it must not wait for them)."""
     global _state
     state, _state = _state, None
     if state is not None and state.engine is not None:

@@ -22,11 +22,20 @@ import attrs
 import numpy as np
 import torch
 from shoal.dataparallel import core
+from shoal.errors import ReceiveCancelledError
 
 # Tags of the pipeline's transfers; the object collectives (comm.py) use their own.
 TAG_FRAME, TAG_META, TAG_DATA = 7100, 7101, 7102
 FRAME_BYTES = 4096  # small enough to copy for nothing, large enough for a request's metadata
 _HEADER = np.dtype(np.int64).itemsize * 4  # kind, metadata length, tensor count, reserved
+
+
+@attrs.frozen
+class Pending:
+    """A posted frame receive: its handle and the buffer it fills."""
+
+    handle: core.Handle
+    frame: np.ndarray
 
 
 @attrs.frozen
@@ -93,10 +102,19 @@ class Transport:
         for handle in handles:
             handle.wait()
 
-    def receive(self) -> Message:
-        """The next message from any rank (blocks; one receiving thread only)."""
+    def post_receive(self) -> Pending:
+        """Posts the receive of the next message's frame, from any rank (one receiving
+        thread only); ``receive`` completes it. Until a message matches it, the posted
+        receive can be withdrawn (``Pending.handle.cancel()``)."""
         frame = np.empty(FRAME_BYTES, dtype=np.uint8)
-        source = core.recv(frame, None, TAG_FRAME, self.group)
+        return Pending(core.irecv(frame, None, TAG_FRAME, self.group), frame)
+
+    def receive(self, pending: Pending | None = None) -> Message:
+        """The next message from any rank (blocks until it is whole)."""
+        pending = pending or self.post_receive()
+        frame = pending.frame
+        pending.handle.wait()
+        source = pending.handle.source
         kind, size, count = (int(v) for v in frame[:_HEADER].view(np.int64)[:3])
         if _HEADER + size <= FRAME_BYTES:
             blob = frame[_HEADER:_HEADER + size].tobytes()
@@ -121,7 +139,11 @@ class Mailbox:
     """The thread that receives every message for this rank and hands each to ``deliver``.
 
     A failure of the core (a lost peer, a time-out) is handed to ``fail`` once, and the
-    thread ends: whatever waits on a reply learns it from there.
+    thread ends: whatever waits on a reply learns it from there. ``close`` ends the thread
+    from this rank alone, whatever the other ranks do: it withdraws the posted receive, so
+    a rank leaving after an error does not wait on peers that are still busy, and the
+    thread is out of the core before the interpreter finalizes (a daemon thread returning
+    from the core then would take the GIL in a finalizing interpreter and abort the rank).
     """
 
     def __init__(self, transport: Transport, deliver: Callable[[Message], None],
@@ -129,25 +151,35 @@ class Mailbox:
         self._transport = transport
         self._deliver = deliver
         self._fail = fail
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: Pending | None = None
         self._thread = threading.Thread(target=self._run, name="shoal-mp-mailbox", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
+        while not self._closing.is_set():
             try:
-                message = self._transport.receive()
+                pending = self._transport.post_receive()
+                with self._lock:
+                    self._pending = pending
+                if self._closing.is_set():  # close() ran before the receive was posted
+                    pending.handle.cancel()
+                message = self._transport.receive(pending)
+            except ReceiveCancelledError:
+                return
             except BaseException as exc:  # noqa: BLE001 - handed on to the waiting tasks
                 self._fail(exc)
                 return
-            if message.kind == KIND_CLOSE:
-                return
             self._deliver(message)
 
-    def close(self, neighbour: int) -> None:
-        """Ends the neighbour's mailbox thread (the core sends to no rank itself): each rank
-        of the pipeline closes the next one's, once no step is running anywhere."""
-        self._transport.send_tensors(neighbour, KIND_CLOSE, None, [])
-        self._thread.join(timeout=30)
-
-
-KIND_CLOSE = 0
+    def close(self, timeout: float = 10.0) -> bool:
+        """Ends the receiving thread; True once it has ended. A message already arriving
+        is received (and delivered) first."""
+        self._closing.set()
+        with self._lock:
+            pending = self._pending
+        if pending is not None:
+            pending.handle.cancel()
+        self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()

@@ -75,7 +75,7 @@ struct Topology {
 
 class Error : public std::runtime_error {
  public:
-  enum class Kind { Timeout, PeerLost, Usage, System };
+  enum class Kind { Timeout, PeerLost, Usage, System, Cancelled };
   Error(Kind kind, const std::string& message, std::vector<int> ranks = {})
       : std::runtime_error(message), kind_(kind), ranks_(std::move(ranks)) {}
   Kind kind() const { return kind_; }
@@ -102,6 +102,12 @@ class Work {
   virtual void when_done(std::function<void()> callback) = 0;
   // A completed receive: the rank (in its communicator) whose message it got.
   virtual int source() { return -1; }
+  // Withdraws a receive that no message has matched yet: it completes at once
+  // with a Cancelled error and true is returned. False for anything
+  // else (a send, a collective, a receive already matched or complete), which
+  // then completes as it would have. A thread blocked on a receive that may
+  // never come (a mailbox loop) is released this way before its process ends.
+  virtual bool cancel() { return false; }
 };
 
 // recv_async's peer for a message from any rank.

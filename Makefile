@@ -76,11 +76,14 @@ torch-suite: venv $(TORCH_SUITE_DEPS)/.installed
 
 # The failure tests, STRESS_RUNS times each beside two busy loops (every core taken):
 # killed ranks on every host and in groups, a peer that exits right after completing, the
-# local CLI's failing script. Prints the pass count; not part of `make test` (minutes).
+# local CLI's failing script, a model-parallel job whose script raises (ended within 15 s,
+# the raising rank named). Prints the pass count; not part of `make test` (minutes).
+# One of them alone: make stress-failures STRESS_TESTS=tests/integration/test_modelparallel_failures.py
 STRESS_RUNS ?= 50
 STRESS_TESTS ?= tests/integration/test_collectives_failures.py \
 	"tests/integration/test_torch_backend.py::test_a_dead_rank_fails_the_others_with_shoal_errors" \
-	"tests/integration/test_local_cli.py::test_a_failing_script_exits_1_with_its_root_cause"
+	"tests/integration/test_local_cli.py::test_a_failing_script_exits_1_with_its_root_cause" \
+	tests/integration/test_modelparallel_failures.py
 
 stress-failures: venv
 	@sh -c 'while :; do :; done' & b1=$$!; sh -c 'while :; do :; done' & b2=$$!; \

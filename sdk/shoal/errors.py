@@ -9,6 +9,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   |   +-- SecretValueError        a secret-looking hyperparameter/env value
     |   |   +-- DebuggerError           rules, profiler and Debugger hook configuration
     |   |   +-- SourceCodeError         entry_point/source_dir name nothing (a StagingError too)
+    |   +-- JobNameInUseError           a job of that name exists (local mode)
     |   +-- StagingError                source_dir, entry point, symlinks, archive
     |   +-- ImageError                  no image for that framework/version/processor
     +-- AWSError                        the AWS side refused (exit 3)
@@ -64,6 +65,14 @@ class SecretValueError(ValidationError):
 
 class DebuggerError(ValidationError):
     """A Debugger rule, profiler or hook configuration is malformed."""
+
+
+class JobNameInUseError(ConfigError):
+    """A local job of that name exists, or left its artifacts where this one would write."""
+
+    def __init__(self, message: str, *, job_name: str):
+        super().__init__(message)
+        self.job_name = job_name
 
 
 class StagingError(ConfigError):

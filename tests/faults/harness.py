@@ -179,7 +179,7 @@ def assert_nothing_left(job: Job) -> None:
 
 
 def model_files(job: Job) -> dict[str, bytes]:
-    archive = job.tmp / f"out-{job.name}" / "model.tar.gz"
+    archive = job.tmp / f"out-{job.name}" / job.name / "output" / "model.tar.gz"
     with tarfile.open(archive) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 

@@ -49,8 +49,9 @@ def test_example_runs_locally(name, hosts, digits, tmp_path, monkeypatch):
         instance_count=hosts, framework_version=version, py_version="py39", distribution=SMDDP,
         hyperparameters={"epochs": 6, "sagemaker_mpi_num_of_processes_per_host": 2 if hosts == 1 else 1},
         output_path=(tmp_path / "out").as_uri())
-    estimator.fit({"train": digits.as_uri()}, job_name=f"example-{name.replace('_', '-')}-{hosts}")
-    with tarfile.open(tmp_path / "out" / "model.tar.gz") as tar:
+    job_name = f"example-{name.replace('_', '-')}-{hosts}"
+    estimator.fit({"train": digits.as_uri()}, job_name=job_name)
+    with tarfile.open(tmp_path / "out" / job_name / "output" / "model.tar.gz") as tar:
         names = tar.getnames()
         assert artifact in names
         if "metrics.json" in names:
@@ -68,7 +69,10 @@ def test_demo_trains_to_095_on_2_hosts_x_2_processes(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     accuracy = float(result.stdout.split("held-out accuracy:")[1].split()[0])
     assert accuracy >= 0.95
-    assert f"model.tar.gz:       {tmp_path / 'output' / 'model.tar.gz'}" in result.stdout
+    job = result.stdout.split("job:")[1].split()[0]
+    assert job.startswith("shoal-demo-")
+    assert f"model.tar.gz:       {tmp_path / 'output' / job / 'output' / 'model.tar.gz'}" \
+        in result.stdout
     assert "throughput" in result.stdout + result.stderr
     for rank in range(4):
         assert f"mpirank:{rank}," in result.stdout + result.stderr
@@ -89,7 +93,8 @@ def test_model_parallel_example_pipeline_2_by_data_parallel_2_on_2_hosts(tmp_pat
             "mpi": {"enabled": True, "processes_per_host": 2}},
         hyperparameters={"steps": 60}, output_path=(tmp_path / "out").as_uri())
     estimator.fit(job_name="example-modelparallel")
-    with tarfile.open(tmp_path / "out" / "model.tar.gz") as tar:
+    archive = tmp_path / "out" / "example-modelparallel" / "output" / "model.tar.gz"
+    with tarfile.open(archive) as tar:
         names = set(tar.getnames())
         metrics = json.load(tar.extractfile("metrics.json"))
     assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
@@ -118,6 +123,6 @@ def test_an_smp_script_in_the_style_of_the_mnist_example_runs_on_2_hosts(digits,
     log = (tmp_path / "jobs" / "smp-mnist-style" / "logs.txt").read_text()
     accuracy = float(log.split("final accuracy ")[1].split()[0])
     assert accuracy >= 0.9, log[-3000:]
-    with tarfile.open(tmp_path / "out" / "model.tar.gz") as tar:
+    with tarfile.open(tmp_path / "out" / "smp-mnist-style" / "output" / "model.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"model_checkpoint.pt_0_0.pt", "model_checkpoint.pt_1_0.pt"} <= names, names

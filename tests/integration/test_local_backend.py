@@ -11,7 +11,7 @@ import boto3
 import psutil
 import pytest
 from shoal.backends.local import LocalBackend, LocalTrainingJob
-from shoal.errors import JobFailedError, JobStoppedError
+from shoal.errors import JobFailedError, JobNameInUseError, JobStoppedError
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -100,14 +100,15 @@ def test_job_completes_with_every_rank_and_the_model_archive(tmp_path, root, cap
     assert description["TrainingJobStatus"] == "Completed"
     assert [t["Status"] for t in description["SecondaryStatusTransitions"]] == [
         "Starting", "Downloading", "Training", "Uploading", "Completed"]
-    assert job.model_data == (tmp_path / "out" / "model.tar.gz").as_uri()
-    files = members(tmp_path / "out" / "model.tar.gz")
+    artifacts = tmp_path / "out" / f"ok-{hosts}" / "output"
+    assert job.model_data == (artifacts / "model.tar.gz").as_uri()
+    files = members(artifacts / "model.tar.gz")
     ranks = [json.loads(files[f"rank-{r}.json"]) for r in range(2 * hosts)]
     assert {r["WORLD_SIZE"] for r in ranks} == {str(2 * hosts)}
     assert sorted((r["SHOAL_HOST"], r["LOCAL_RANK"]) for r in ranks) == sorted(
         (f"algo-{h}", str(lr)) for h in range(1, hosts + 1) for lr in range(2))
     assert all(r["channel"] == ["part-0.csv"] for r in ranks)
-    assert (tmp_path / "out" / "output.tar.gz").exists()
+    assert (artifacts / "output.tar.gz").exists()
     config = json.loads((root / f"ok-{hosts}/algo-1/input/config/resourceconfig.json").read_text())
     assert config["hosts"] == [f"algo-{h}" for h in range(1, hosts + 1)]
     log = (root / f"ok-{hosts}" / "logs.txt").read_text()
@@ -140,7 +141,7 @@ def test_attach_to_a_local_job_restores_its_estimator(tmp_path, root, capsys):
     assert set(est.inputs) == {"train"}
     assert isinstance(est.latest_training_job, LocalTrainingJob)
     assert est.latest_training_job.describe()["TrainingJobStatus"] == "Completed"
-    assert est.model_data == (tmp_path / "out" / "model.tar.gz").as_uri()
+    assert est.model_data == (tmp_path / "out" / "again" / "output" / "model.tar.gz").as_uri()
 
 
 def test_failing_rank_fails_the_job_with_its_root_cause(tmp_path, root, capsys):
@@ -165,6 +166,62 @@ def test_stop_ends_the_whole_process_tree(tmp_path, root, capsys):
         job.wait(logs=None)
     assert job.describe()["SecondaryStatus"] == "Stopped"
     assert not job_processes(root / "slow")
+
+
+def test_every_job_keeps_its_own_artifacts_whatever_its_end(tmp_path, root, capsys):
+    """A failed and a stopped job after a completed one, all with one output path: each
+    writes into its own folder, and the completed job's model stays what it points to."""
+    backend, out = LocalBackend(root=root), tmp_path / "out"
+    first = backend.submit(request(tmp_path, "first", hosts=1))
+    first.wait(logs="None")
+    model = out / "first" / "output" / "model.tar.gz"
+    assert first.model_data == model.as_uri()
+    saved = model.read_bytes()
+    assert sorted(members(model)) == ["rank-0.json", "rank-1.json"]
+
+    failed = backend.submit(request(tmp_path, "failed", hosts=1, env={"FAIL_RANK": "1"}))
+    with pytest.raises(JobFailedError):
+        failed.wait(logs="None")
+    stopped = backend.submit(request(tmp_path, "stopped", hosts=1, env={"SLEEP": "120"}))
+    deadline = time.monotonic() + 60
+    while not (stopped.paths.model_dir("algo-1") / "rank-0.json").exists():
+        assert time.monotonic() < deadline, stopped.paths.log_file.read_text()
+        time.sleep(0.2)
+    stopped.stop(wait=True)
+    with pytest.raises(JobStoppedError):
+        stopped.wait(logs="None")
+
+    # As on SageMaker, a failed or stopped job keeps what its ranks saved: in its own folder.
+    for job, saved_by in ((failed, "rank-1.json"), (stopped, "rank-0.json")):
+        own = out / job.name / "output"
+        assert job.model_data == (own / "model.tar.gz").as_uri()
+        assert saved_by in members(own / "model.tar.gz")
+        assert (own / "output.tar.gz").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["failed", "first", "stopped"]
+    assert model.read_bytes() == saved
+    assert first.describe()["ModelArtifacts"]["S3ModelArtifacts"] == model.as_uri()
+
+    # A taken name, in any case, is refused before anything is written.
+    record = first.paths.state_file.read_bytes()
+    for name in ("first", "FIRST"):
+        with pytest.raises(JobNameInUseError):
+            backend.submit(request(tmp_path, name, hosts=1))
+    assert sorted(p.name for p in root.iterdir()) == ["failed", "first", "stopped"]
+    assert sorted(p.name for p in out.iterdir()) == ["failed", "first", "stopped"]
+    assert first.paths.state_file.read_bytes() == record
+    assert model.read_bytes() == saved
+
+
+def test_a_job_out_of_time_keeps_its_artifacts_in_its_own_folder(tmp_path, root, capsys):
+    req = request(tmp_path, "late", hosts=1, per_host=1, env={"SLEEP": "120"})
+    req["StoppingCondition"]["MaxRuntimeInSeconds"] = 5
+    job = LocalBackend(root=root).submit(req)
+    with pytest.raises(JobStoppedError):
+        job.wait(logs="None")
+    assert job.describe()["SecondaryStatus"] == "MaxRuntimeExceeded"
+    own = tmp_path / "out" / "late" / "output"
+    assert job.model_data == (own / "model.tar.gz").as_uri()
+    assert (own / "output.tar.gz").exists()
 
 
 @pytest.fixture
@@ -216,7 +273,8 @@ def test_code_from_a_staged_tarball_in_s3(tmp_path, root, s3_server, capsys):
         "s3://code-bkt/job/source/sourcedir.tar.gz")
     job = LocalBackend(root=root).submit(req)
     job.wait()
-    ranks = [k for k in members(tmp_path / "out" / "model.tar.gz") if k.startswith("rank-")]
+    ranks = [k for k in members(job.model_data.removeprefix("file://")) if k.startswith("rank-")]
+    assert job.model_data == (tmp_path / "out" / "s3-code" / "output" / "model.tar.gz").as_uri()
     assert sorted(ranks) == ["rank-0.json", "rank-1.json"]
     assert (root / "s3-code" / "algo-2" / "code" / "train.py").exists()
 

@@ -73,7 +73,7 @@ def test_run_prints_the_handle_and_completes(project):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "local://cli-ok\n"
     assert "script started on algo-2" in result.stderr
-    assert (project / "out" / "model.tar.gz").exists()
+    assert (project / "out" / "cli-ok" / "output" / "model.tar.gz").exists()
     status = shoal_cli("status", "local://cli-ok", "--output", "json")
     assert status.returncode == 0 and json.loads(status.stdout)["TrainingJobStatus"] == "Completed"
     listed = json.loads(shoal_cli("list", "--output", "json").stdout)

@@ -109,9 +109,9 @@ def test_boto3_submits_waits_describes_reads_logs_and_stops(server, code, tmp_pa
         TrainingJobName="boto-job", WaiterConfig={"Delay": 1, "MaxAttempts": 300})
     job = sm.describe_training_job(TrainingJobName="boto-job")
     assert (job["TrainingJobStatus"], job["SecondaryStatus"]) == ("Completed", "Completed")
-    # a file:// output holds model.tar.gz itself, as in SageMaker SDK v2's local mode
-    assert job["ModelArtifacts"]["S3ModelArtifacts"] == (tmp_path / "out").as_uri() + \
-        "/model.tar.gz"
+    # a file:// output path gets the tree SageMaker writes on S3: <path>/<job>/output/
+    assert job["ModelArtifacts"]["S3ModelArtifacts"] == \
+        (tmp_path / "out" / "boto-job" / "output" / "model.tar.gz").as_uri()
     assert job["CreationTime"] <= job["TrainingStartTime"] <= job["TrainingEndTime"]
     assert [t["Status"] for t in job["SecondaryStatusTransitions"]] == [
         "Starting", "Downloading", "Training", "Uploading", "Completed"]

@@ -2,13 +2,14 @@
 the job record's transitions, and the storage helpers for file:// and s3:// (moto)."""
 
 import json
+from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
 from shoal.errors import InputError
 from shoal.local import layout, state, storage
-from shoal.local.runner import archive, output_prefix
+from shoal.local.runner import archive
 
 REQUEST = {
     "TrainingJobName": "demo-2024-01-01-00-00-00-000",
@@ -90,10 +91,20 @@ def test_paths_and_checkpoint_rerooting(tmp_path, monkeypatch):
     assert layout.checkpoint_config(REQUEST) == (None, "/opt/ml/checkpoints")
 
 
-def test_output_prefix_file_vs_s3():
-    assert output_prefix(REQUEST) == "s3://b/out/demo-2024-01-01-00-00-00-000/output"
-    local = {**REQUEST, "OutputDataConfig": {"S3OutputPath": "file:///tmp/o"}}
-    assert output_prefix(local) == "file:///tmp/o"
+@pytest.mark.parametrize("path", ["s3://b/out", "s3://b/out/"])
+def test_artifacts_go_under_the_jobs_own_folder_on_s3(path):
+    request = {**REQUEST, "OutputDataConfig": {"S3OutputPath": path}}
+    assert layout.job_output(request) == "s3://b/out/demo-2024-01-01-00-00-00-000"
+    assert layout.output_prefix(request) == "s3://b/out/demo-2024-01-01-00-00-00-000/output"
+    assert layout.local_job_output(request) is None
+
+
+@pytest.mark.parametrize("path", ["file:///tmp/o", "file:///tmp/o/", "/tmp/o"])
+def test_a_file_output_path_gets_the_same_tree_as_s3(path):
+    request = {**REQUEST, "OutputDataConfig": {"S3OutputPath": path}}
+    assert layout.job_output(request) == "file:///tmp/o/demo-2024-01-01-00-00-00-000"
+    assert layout.output_prefix(request) == "file:///tmp/o/demo-2024-01-01-00-00-00-000/output"
+    assert layout.local_job_output(request) == Path("/tmp/o/demo-2024-01-01-00-00-00-000")
 
 
 def test_record_transitions_are_describe_shaped(tmp_path):
@@ -164,6 +175,25 @@ def test_file_copies(tmp_path):
         storage.download(str(tmp_path / "missing"), tmp_path / "z")
 
 
+def test_a_file_upload_cut_short_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    import shutil
+
+    target = tmp_path / "o" / "model.tar.gz"
+    target.parent.mkdir()
+    target.write_bytes(b"the model a reader may be reading")
+    (tmp_path / "new").write_bytes(b"a newer model, longer than the first one")
+
+    def copy_half(source, dest):  # a copy that dies halfway, as on a full disk or a kill
+        Path(dest).write_bytes(Path(source).read_bytes()[:10])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(shutil, "copy2", copy_half)
+    with pytest.raises(OSError):
+        storage.upload_file(tmp_path / "new", target.as_uri())
+    assert target.read_bytes() == b"the model a reader may be reading"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.tar.gz"]
+
+
 def test_submit_refuses_a_missing_file_channel_before_anything_runs(tmp_path):
     from shoal.backends.local import LocalBackend
 
@@ -174,13 +204,68 @@ def test_submit_refuses_a_missing_file_channel_before_anything_runs(tmp_path):
     assert not (tmp_path / "jobs").exists()
 
 
-def test_a_job_name_is_used_once(tmp_path):
-    from shoal.backends.local import LocalBackend
-    from shoal.errors import ConfigError
+@pytest.fixture
+def no_runner(monkeypatch):
+    """A submission that gets past its checks must not start a job here."""
+    from shoal.local import process
 
-    (tmp_path / "jobs" / REQUEST["TrainingJobName"]).mkdir(parents=True)
-    with pytest.raises(ConfigError, match="already exists"):
-        LocalBackend(root=tmp_path / "jobs").submit(REQUEST)
+    def refuse(*args):
+        raise AssertionError("a job was started")
+
+    monkeypatch.setattr(process, "spawn_runner", refuse)
+
+
+def tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("taken", [REQUEST["TrainingJobName"], REQUEST["TrainingJobName"].upper()])
+def test_a_job_name_is_used_once_regardless_of_case(tmp_path, no_runner, taken):
+    from shoal.backends.local import LocalBackend
+    from shoal.errors import JobNameInUseError
+
+    (tmp_path / "jobs" / taken).mkdir(parents=True)
+    request = {**REQUEST, "OutputDataConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}}
+    with pytest.raises(JobNameInUseError, match=f"{taken!r} already exists") as caught:
+        LocalBackend(root=tmp_path / "jobs").submit(request)
+    assert caught.value.job_name == REQUEST["TrainingJobName"]
+    assert tree(tmp_path) == ["jobs", f"jobs/{taken}"]
+
+
+def test_a_name_whose_folder_another_job_left_in_the_output_path_is_refused(tmp_path, no_runner):
+    from shoal.backends.local import LocalBackend
+    from shoal.errors import JobNameInUseError
+
+    folder = tmp_path / "out" / REQUEST["TrainingJobName"] / "output"
+    folder.mkdir(parents=True)
+    (folder / "model.tar.gz").write_bytes(b"another job's model")
+    request = {**REQUEST, "OutputDataConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}}
+    with pytest.raises(JobNameInUseError, match="left its artifacts there"):
+        LocalBackend(root=tmp_path / "jobs").submit(request)
+    assert not (tmp_path / "jobs").exists()
+    assert (folder / "model.tar.gz").read_bytes() == b"another job's model"
+
+
+def test_submit_claims_the_jobs_folder_under_a_file_output_path(tmp_path, monkeypatch):
+    from shoal.backends.local import LocalBackend
+    from shoal.errors import JobNameInUseError
+    from shoal.local import process
+
+    class Started:
+        pid = 1
+
+        def create_time(self):
+            return 0.0
+
+    monkeypatch.setattr(process, "spawn_runner", lambda *args: Started())
+    request = {**REQUEST, "InputDataConfig": [],
+               "OutputDataConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}}
+    LocalBackend(root=tmp_path / "jobs").submit(request)
+    assert (tmp_path / "out" / REQUEST["TrainingJobName"]).is_dir()
+    # a job of the same name in another local root would write there: refused
+    with pytest.raises(JobNameInUseError):
+        LocalBackend(root=tmp_path / "other-jobs").submit(request)
+    assert not (tmp_path / "other-jobs").exists()
 
 
 def test_local_code_is_placed_as_staging_would_archive_it(tmp_path):

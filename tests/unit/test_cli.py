@@ -356,6 +356,26 @@ def test_run_refuses_missing_code_with_exit_2_and_starts_nothing(root, capsys, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["code"]
 
 
+@pytest.mark.parametrize("name", ["taken-job", "Taken-Job"])
+def test_run_refuses_a_taken_job_name_with_exit_2_and_starts_nothing(root, capsys, tmp_path,
+                                                                     monkeypatch, name):
+    from shoal.local import process
+
+    monkeypatch.setattr(process, "spawn_runner", lambda *a: pytest.fail("a job was started"))
+    paths = finished_job(root, "taken-job", "Completed")
+    record = paths.state_file.read_bytes()
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    code, out, err = run(capsys, "run", "--local", "--entry-point", "train.py", "--source-dir",
+                         "code", "--framework-version", "1.13.1", "--instance-count", "1",
+                         "--job-name", name)
+    assert code == 2 and out == ""
+    assert "a local job named 'taken-job' already exists" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["code", "jobs"]
+    assert [p.name for p in root.iterdir()] == ["taken-job"]
+    assert paths.state_file.read_bytes() == record
+
+
 def secret_job(tmp_path, **keys):
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({

@@ -273,6 +273,20 @@ def test_create_with_an_existing_name_in_any_case_is_in_use(jobs, name):
     assert state.read(jobs.root / "existing-job" / "job.json")["TrainingJobStatus"] == "Completed"
 
 
+def test_a_name_whose_folder_is_taken_in_a_file_output_path_is_in_use(tmp_path, monkeypatch):
+    from shoal.local import process
+
+    monkeypatch.setattr(process, "spawn_runner", lambda *a: pytest.fail("a job was started"))
+    left = tmp_path / "out" / "old-job" / "output"
+    left.mkdir(parents=True)  # by a job of another root, or one whose record was deleted
+    params = {**request("old-job", DLC_IMAGE),
+              "OutputDataConfig": {"S3OutputPath": (tmp_path / "out").as_uri()}}
+    with pytest.raises(ResourceInUse, match="left its artifacts there"):
+        TrainingJobs(tmp_path / "jobs").CreateTrainingJob(params)
+    assert not (tmp_path / "jobs" / "old-job").exists()
+    assert [p.name for p in left.parent.iterdir()] == ["output"]
+
+
 def test_a_submission_that_never_finished_still_takes_its_name(tmp_path):
     (tmp_path / "half-made").mkdir()  # a job directory without its record
     with pytest.raises(ResourceInUse, match=r"already exists \(half-made\)"):

@@ -18,7 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ConfigError, InputError, Interrupted, JobFailedError, JobStoppedError
+from ..errors import (
+    ConfigError,
+    InputError,
+    Interrupted,
+    JobFailedError,
+    JobNameInUseError,
+    JobStoppedError,
+)
 from ..local import layout, process, state, storage
 from ..local.network import network_mode
 
@@ -35,14 +42,12 @@ class LocalBackend:
 
     def submit(self, request: dict) -> LocalTrainingJob:
         paths = layout.JobPaths.for_job(request["TrainingJobName"], self.root)
-        if paths.job_dir.exists():
-            raise ConfigError(f"a local job named {request['TrainingJobName']!r} already exists "
-                              f"in {paths.job_dir}")
+        _check_name_free(request, paths)
         layout.host_names(request)  # refuse a malformed request before anything runs
         network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
         _check_local_sources(request)
         _check_local_code(request)
-        paths.job_dir.mkdir(parents=True)
+        _claim_name(request, paths)
         paths.request_file.write_text(_dumps(request))
         record = state.initial(request, self.region)
         state.write(paths.state_file, record)
@@ -50,6 +55,58 @@ class LocalBackend:
         # Its own file: the supervisor owns job.json from now on.
         state.write(paths.runner_file, {"Pid": runner.pid, "CreateTime": runner.create_time()})
         return LocalTrainingJob(request["TrainingJobName"], paths, runner)
+
+
+def _check_name_free(request: dict, paths: layout.JobPaths) -> None:
+    """A job's name is its folder under the output path: another job's name, or its folder
+    (left by a job of another local root, or one whose record was deleted), is refused."""
+    name = request["TrainingJobName"]
+    taken = _same_name(paths.job_dir)
+    if taken is not None:
+        raise JobNameInUseError(f"a local job named {taken.name!r} already exists in {taken} "
+                                f"(job names are unique regardless of case): choose another "
+                                f"name", job_name=name)
+    folder = layout.local_job_output(request)
+    if folder is not None and folder.exists():
+        raise JobNameInUseError(f"{folder} already exists: a job named {name!r} left its "
+                                f"artifacts there; choose another job name or output path",
+                                job_name=name)
+
+
+def _same_name(job_dir: Path) -> Path | None:
+    """The job directory of that name in any case (the ARN lowercases names, as SageMaker's)."""
+    if job_dir.exists():
+        return job_dir
+    try:
+        entries = os.scandir(job_dir.parent)
+    except FileNotFoundError:
+        return None
+    with entries:
+        lowered = job_dir.name.lower()
+        return next((Path(e.path) for e in entries if e.name.lower() == lowered), None)
+
+
+def _claim_name(request: dict, paths: layout.JobPaths) -> None:
+    """Create the job's directory and its output folder; mkdir is atomic, so of two
+    submissions of one name at once the second is refused."""
+    paths.job_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        paths.job_dir.mkdir()
+    except FileExistsError:
+        raise JobNameInUseError(f"a local job named {paths.job_dir.name!r} already exists in "
+                                f"{paths.job_dir}", job_name=paths.job_dir.name) from None
+    folder = layout.local_job_output(request)
+    try:
+        if folder is not None:
+            folder.mkdir(parents=True)
+    except FileExistsError:
+        paths.job_dir.rmdir()
+        raise JobNameInUseError(f"{folder} already exists: another job named "
+                                f"{paths.job_dir.name!r} writes there", job_name=paths.job_dir.name
+                                ) from None
+    except BaseException:
+        paths.job_dir.rmdir()
+        raise
 
 
 def _check_local_sources(request: dict) -> None:

@@ -8,6 +8,12 @@ the paths of the ``/opt/ml``-shaped tree of each simulated host under the job di
     <root>/<job>/algo-1/        SAGEMAKER_BASE_DIR of host algo-1
         input/config/{hyperparameters,resourceconfig,inputdataconfig}.json
         input/data/<channel>/   model/   output/{data,failure,success}   code/   checkpoints/
+
+and, as SageMaker lays them out on S3, where each job's artifacts go under its output path
+(``s3://`` or ``file://`` alike), so that no job writes where another one did::
+
+    <output_path>/<job>/output/{model,output}.tar.gz
+    <output_path>/<job>/{profiler-output,rule-output}/
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from ..errors import InputError
+from . import storage
 
 DEFAULT_GROUP = "homogeneousCluster"
 CONTAINER_BASE = "/opt/ml"
@@ -167,6 +174,24 @@ def channel_sources(request: dict) -> dict[str, str]:
             kind = next(iter(data), "nothing")
             raise InputError(f"channel {channel['ChannelName']!r}: {kind} inputs cannot run locally")
     return sources
+
+
+def job_output(request: dict) -> str:
+    """``<S3OutputPath>/<job>``: the job's own folder, a ``file://`` path made absolute."""
+    path = request["OutputDataConfig"]["S3OutputPath"]
+    base = path if storage.is_s3(path) else "file://" + str(storage.file_path(path))
+    return storage.join(base, request["TrainingJobName"])
+
+
+def output_prefix(request: dict) -> str:
+    """Where ``model.tar.gz`` and ``output.tar.gz`` go: ``<S3OutputPath>/<job>/output``."""
+    return storage.join(job_output(request), "output")
+
+
+def local_job_output(request: dict) -> Path | None:
+    """The job's own folder on this machine under a ``file://`` output path; None on S3."""
+    uri = job_output(request)
+    return None if storage.is_s3(uri) else storage.file_path(uri)
 
 
 def checkpoint_config(request: dict) -> tuple[str | None, str]:

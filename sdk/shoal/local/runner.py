@@ -3,7 +3,9 @@
 It does on this machine what SageMaker does around the container: lays out every simulated
 host's ``/opt/ml`` tree, fetches the input channels and restores checkpoints (Downloading), runs
 the launcher for all hosts through ``shoal.launcher.simulate`` (Training), saves checkpoints and
-packages ``model.tar.gz`` / ``output.tar.gz`` to the output path (Uploading), and records every
+packages ``model.tar.gz`` / ``output.tar.gz`` into the job's own folder of the output path,
+``<output_path>/<job>/output/`` (Uploading; a job that failed, was stopped or ran out of time
+once training had begun keeps them too, as on SageMaker), and records every
 transition in ``job.json``. SIGTERM (``stop()``, Ctrl-C) ends the launcher's whole process tree
 and the job ends as Stopped. Its output is the job's log (``logs.txt``).
 """
@@ -158,16 +160,15 @@ class Supervisor:
         profiler_uri = storage.join(profiler_prefix(self.request), "profiler-output")
         storage.upload_dir(self.profiler.data, profiler_uri)
         if self.profiler.rule_output.exists():
-            storage.upload_dir(self.profiler.rule_output, storage.join(
-                self.request["OutputDataConfig"]["S3OutputPath"], self.request["TrainingJobName"],
-                "rule-output"))
+            storage.upload_dir(self.profiler.rule_output,
+                               storage.join(layout.job_output(self.request), "rule-output"))
 
     def upload(self) -> dict:
         s3_uri, local_path = layout.checkpoint_config(self.request)
         if s3_uri:
             for host in self.hosts:
                 storage.upload_dir(self.paths.checkpoint_dir(host, local_path), s3_uri)
-        destination = output_prefix(self.request)
+        destination = layout.output_prefix(self.request)  # this job's own folder
         with tempfile.TemporaryDirectory(dir=self.paths.job_dir) as tmp:
             model = archive(Path(tmp) / "model.tar.gz", [self.paths.model_dir(h) for h in self.hosts])
             output = archive(Path(tmp) / "output.tar.gz",
@@ -201,7 +202,8 @@ class Supervisor:
             self.training = True
             code = self.train()
             if code == TIMEOUT_EXIT:
-                self.move("MaxRuntimeExceeded")
+                # SageMaker ends it as it stops a job (SIGTERM first) and keeps what it saved
+                self.move("MaxRuntimeExceeded", **self.upload())
                 return 1
             self.move("Uploading")
             self.finish_profiling()
@@ -304,14 +306,6 @@ def profiler_prefix(request: dict) -> str:
     config = request.get("ProfilerConfig") or {}
     base = config.get("S3OutputPath") or request["OutputDataConfig"]["S3OutputPath"]
     return storage.join(base, request["TrainingJobName"])
-
-
-def output_prefix(request: dict) -> str:
-    """Where the archives go: right under a file:// path, under ``<path>/<job>/output`` on S3."""
-    path = request["OutputDataConfig"]["S3OutputPath"]
-    if storage.is_s3(path):
-        return storage.join(path, request["TrainingJobName"], "output")
-    return "file://" + str(storage.file_path(path))
 
 
 def archive(target: Path, sources: list[Path]) -> Path:

@@ -95,7 +95,13 @@ def upload_file(path: Path, uri: str) -> str:
     else:
         target = file_path(uri)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+        # copied beside the target, then renamed: a reader never sees half a model.tar.gz
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            shutil.copy2(path, partial)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
     return uri
 
 

@@ -70,8 +70,11 @@ class UnrecognizedClientException(ApiError):
 
 
 def from_shoal_error(error: errors.ShoalError) -> ApiError:
-    """A request the SDK's own checks refuse is the API's ValidationException; anything else
-    Shoal raises on purpose while serving is a failure of this endpoint."""
+    """A taken job name is ResourceInUse; a request the SDK's own checks refuse is the API's
+    ValidationException; anything else Shoal raises on purpose while serving is a failure of
+    this endpoint."""
+    if isinstance(error, errors.JobNameInUseError):
+        return ResourceInUse(str(error))
     if isinstance(error, errors.ConfigError):
         return ValidationException(str(error))
     return ApiError(f"{type(error).__name__}: {error}")

@@ -74,6 +74,7 @@ def main(workdir: Path) -> int:
 
 
 if __name__ == "__main__":
-    # The data and model.tar.gz stay here, so the printed path can be opened afterwards.
+    # The data and every run's output/<job>/output/model.tar.gz stay here, so the printed
+    # path can be opened afterwards.
     default = Path.home() / ".shoal" / "demo"
     sys.exit(main(Path(os.environ.get("SHOAL_DEMO_DIR") or default)))

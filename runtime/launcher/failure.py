@@ -10,22 +10,16 @@ the command are shortened first, the root cause last. Secret-looking values are 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 
 from shoal.launcher.paths import JobPaths
 from shoal.launcher.redaction import redact_argv
 from shoal.launcher.supervisor import Outcome
+from shoal.launcher.tracebacks import exception_line
 
 LIMIT = 1024
 ERROR_LINES = 6
 _ELLIPSIS = "..."
-_TRACEBACK = "Traceback (most recent call last):"
-_FRAME = re.compile(r'^\s+File "[^"]*", line \d+')
-# torch.distributed's excepthook prefixes each traceback line with the rank: "[rank2]: ".
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)"
-                        r"(?::\s.*)?$")  # fmt: skip
 
 
 def _clip(text: str, budget: int, *, keep_end: bool = False) -> str:
@@ -48,27 +42,6 @@ def error_lines(outcome: Outcome) -> list[str]:
     lines = [ln for ln in _failing_tail(outcome) if ln.strip()]
     lines = [ln for ln in lines if not ln.lstrip().startswith("SHOAL_RANK_FAILED")]
     return lines[-ERROR_LINES:]
-
-
-def exception_line(lines: Sequence[str]) -> str | None:
-    """The exception line (``ValueError: boom``) of the last Python traceback in ``lines``.
-
-    A rank's stdout and stderr arrive through separate pipes, so a line the script printed
-    before raising can land after (or inside) the traceback: the exception line is taken by
-    its shape, after the traceback's start (its header, or its first frame once the header
-    has scrolled out of the tail). torch.distributed's ``[rankN]: `` prefix is dropped.
-    """
-    lines = [_RANK_PREFIX.sub("", ln.rstrip()) for ln in lines]
-    starts = [i for i, ln in enumerate(lines) if ln.strip() == _TRACEBACK]
-    start = starts[-1] if starts else next(
-        (i for i, ln in enumerate(lines) if _FRAME.match(ln)), None)
-    if start is None:
-        return None
-    after = [ln for ln in lines[start + 1:] if ln and not ln[0].isspace()]
-    named = [ln for ln in after if _EXCEPTION.match(ln)]
-    if named:
-        return named[0]
-    return after[0] if after else None
 
 
 def root_cause(outcome: Outcome) -> str:

@@ -28,6 +28,7 @@ from typing import NamedTuple, Optional
 import attrs
 import psutil
 from shoal.launcher.rank import FAILURE_MARKER
+from shoal.launcher.tracebacks import relays_a_failure
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,7 @@ class Supervisor:
         self._tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         self._failure: RankFailure | None = None
         self._failure_at: float | None = None
+        self._failure_relays = False  # the recorded failure raised another rank's failure
         self._pending_proc: int | None = None
         self._daemons_failed = False
         self._stop_signal: int | None = None
@@ -257,14 +259,22 @@ class Supervisor:
 
     def _record(self, failure: RankFailure) -> None:
         now = time.monotonic()
+        relays = failure.rank is not None and relays_a_failure(self._tails.get(failure.rank, ()))
         if self._failure is None:
-            self._failure, self._failure_at = failure, now
-        elif (failure.signal and not self._failure.signal
-              and now - self._failure_at <= CAUSE_WINDOW):
-            # A rank killed by a signal is the cause; a rank that exited with an error just
-            # before it is its peer noticing the loss (PeerLostError), reported over a
-            # shorter path (a local rank's line arrives before a remote host's).
-            self._failure = failure
+            self._failure, self._failure_at, self._failure_relays = failure, now, relays
+        elif (self._failure_at is not None and now - self._failure_at <= CAUSE_WINDOW
+              and self._displaces(failure, relays)):
+            self._failure, self._failure_relays = failure, relays
+
+    def _displaces(self, failure: RankFailure, relays: bool) -> bool:
+        """Whether a failure seen just after the recorded one is the cause instead. A rank
+        killed by a signal is the cause; a rank that exited with an error just before it is
+        its peer noticing the loss (PeerLostError), reported over a shorter path (a local
+        rank's line arrives before a remote host's). Likewise a rank that raised its own
+        error is the cause of a rank that only relayed it (PeerLostError, SMPPeerError)."""
+        if failure.signal and not self._failure.signal:
+            return True
+        return self._failure_relays and not relays and not self._failure.signal
 
     def _scan(self, text: str, rank: int | None) -> None:
         if rank is None and _DAEMON_FAILURE.search(text):

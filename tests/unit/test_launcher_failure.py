@@ -68,23 +68,3 @@ def test_headline_quotes_the_exception_when_stdout_lands_after_the_traceback():
     tail = (*TRACEBACK[:2], "epoch 3 done", *TRACEBACK[2:], "saving: checkpoint 3")
     text = failure.failure_message(outcome(rank_tails={1: tail}))
     assert text.splitlines()[0] == "Rank 1 on host algo-2 exited with code 1. ValueError: boom"
-
-
-def test_exception_line_of_chained_and_scrolled_tracebacks():
-    chained = (*TRACEBACK, "", "During handling of the above exception, another exception occurred:",
-               "", "Traceback (most recent call last):", '  File "t.py", line 9, in <module>',
-               "    f()", "mypkg.errors.StepFailure: step 4", "done")
-    assert failure.exception_line(chained) == "mypkg.errors.StepFailure: step 4"
-    scrolled = ['  File "t.py", line 9, in <module>', "    f()", "log line", "KeyError: 'x'"]
-    assert failure.exception_line(scrolled) == "KeyError: 'x'"
-    assert failure.exception_line(["no traceback", "ValueError: looks like one"]) is None
-    assert failure.exception_line(["Traceback (most recent call last):", "  File", "Custom"]) == (
-        "Custom")
-
-
-def test_exception_line_of_a_traceback_torch_prefixed_with_the_rank():
-    # torch.distributed's excepthook writes every line of the traceback as "[rankN]: ...".
-    prefixed = ("[rank2]: Traceback (most recent call last):",
-                '[rank2]:   File "train.py", line 9, in <module>', "[rank2]:     main()",
-                "[rank2]: ValueError: Batch size must be divisible", "terminate called")
-    assert failure.exception_line(prefixed) == "ValueError: Batch size must be divisible"

@@ -65,6 +65,36 @@ def test_a_rank_killed_by_a_signal_is_the_cause_not_the_peer_that_noticed_first(
     assert later._failure.rank == 1
 
 
+def rank_failed(rank, host, code=1):
+    return (f'[1,{rank}]<stderr>:SHOAL_RANK_FAILED {{"rank": {rank}, "host": "{host}", '
+            f'"exit_code": {code}, "signal": null}}\n')
+
+
+def test_the_rank_whose_own_error_a_peer_relayed_is_the_cause():
+    # a pipeline leader relays its follower's failure (SMPPeerError), and its line comes first
+    relayed = ompi(0, "[rank0]: shoal.modelparallel.errors.SMPPeerError: module '[1:3]' failed "
+                      "on pipeline rank 1:\n[rank0]: ValueError: bad activations\n")
+    own = ompi(1, "[rank1]: Traceback (most recent call last):\n[rank1]: ValueError: bad "
+                  "activations\n")
+    sup = make()
+    feed(sup, relayed, rank_failed(0, "algo-1"), own, rank_failed(1, "algo-1"))
+    assert sup._failure.rank == 1
+    # two relays: the first stays; a relay never displaces a rank's own error
+    lost = ompi(3, "shoal.errors.PeerLostError: broadcast: rank 0 exited\n")
+    sup = make()
+    feed(sup, relayed, rank_failed(0, "algo-1"), lost, rank_failed(3, "algo-2"))
+    assert sup._failure.rank == 0
+    sup = make()
+    feed(sup, own, rank_failed(1, "algo-1"), relayed, rank_failed(0, "algo-1"))
+    assert sup._failure.rank == 1
+    # long after: a separate failure, not the cause of the first
+    sup = make()
+    feed(sup, relayed, rank_failed(0, "algo-1"))
+    sup._failure_at -= 60
+    feed(sup, own, rank_failed(1, "algo-1"))
+    assert sup._failure.rank == 0
+
+
 def test_mpirun_messages_as_fallback():
     sup = make()
     sup.handle_line("mpirun noticed that process rank 2 with PID 0 on node algo-2 exited on "

@@ -87,6 +87,9 @@ class Engine:
         self._outputs: dict[int, Any] = {}
         self._step_ended = False
         self._step_error: str | None = None
+        # The first error this rank's own modules raised in the step (served for the
+        # leader): the follower ends its step with it, not with the leader's relay of it.
+        self._own_error: BaseException | None = None
         self._lock = threading.Lock()
         # Requests are served only inside this rank's own step: the leader may start its
         # next step (and send its requests) before this rank has left the last one and
@@ -235,7 +238,8 @@ class Engine:
                 self._kept[(message.source, request.call_id)] = remote.KeptCall(inputs, outputs)
                 self.peak_kept = max(self.peak_kept, len(self._kept))
             reply = remote.CallReply(request.call_id, blob)
-        except Exception:  # noqa: BLE001 - the caller raises it with the trace
+        except Exception as exc:  # noqa: BLE001 - the caller raises it with the trace
+            self._keep_own_error(exc)
             reply, outputs = remote.CallReply(request.call_id, b"", traceback.format_exc()), []
         self.transport.send_tensors(message.source, CALL_REPLY, reply, outputs)
 
@@ -248,9 +252,15 @@ class Engine:
             else:
                 present, grads = remote.run_backward(kept, request.present, message.tensors)
             reply = remote.GradReply(request.call_id, present)
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001
+            self._keep_own_error(exc)
             reply, grads = remote.GradReply(request.call_id, (), traceback.format_exc()), []
         self.transport.send_tensors(message.source, GRAD_REPLY, reply, grads)
+
+    def _keep_own_error(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._own_error is None:
+                self._own_error = exc
 
     # -- a step -----------------------------------------------------------------------------
     def lead(self, bodies: list[Callable[[], Any]], active: int) -> list[Any]:
@@ -334,8 +344,13 @@ class Engine:
             self._kept.clear()
             if self.timeline:
                 self.timeline.span("step", "step", began, self.timeline.now())
+        own, self._own_error = self._own_error, None
         if self._step_error is not None:
             error, self._step_error = self._step_error, None
+            if own is not None:
+                # The step failed here: this rank's error is the job's root cause, and
+                # it ends with it (its peers end with SMPPeerError, a relay of it).
+                raise own
             raise SMPPeerError(f"the step failed on pipeline rank 0:\n{error}")
         outputs = [self._outputs.pop(mb, None) for mb in range(microbatches)]
         return outputs

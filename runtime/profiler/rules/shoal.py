@@ -128,7 +128,7 @@ class CommunicationBound(Rule):
         for s in self.steps:
             if s.duration > 0:
                 spans[(s.node, s.args.get("rank"))].append((s.start, s.start + s.duration))
-        waits, tails = self._waits(spans)
+        waits, tails = self._waits()
         shares = []
         for key, steps in spans.items():
             merged = _merge(waits.get(key, []))
@@ -142,16 +142,15 @@ class CommunicationBound(Rule):
         if statistics.median(shares) > self.threshold:
             self.trigger(sum(share > self.threshold for share in shares))
 
-    def _waits(self, spans) -> tuple[dict[tuple, list[tuple[float, float]]], int]:
+    def _waits(self) -> tuple[dict[tuple, list[tuple[float, float]]], int]:
         """Each rank's waiting intervals: a recorded wait is the call's last part; the
-        queued collectives nobody waited on give, per step that issued them, the tail from
-        the last one's issue to the last end. Steps are found by time, not by the
-        collectives' ``step_num``: the hooks number a collective issued before the first
-        step (DDP's constructor) as step 0."""
-        for steps in spans.values():
-            steps.sort()
+        queued collectives nobody waited on give, per step that issued them (its
+        ``step_num``), the tail from the last one's issue to the last end. Only the part of
+        an interval inside a step's own window counts for that step (``_covered``): the
+        hooks number a collective issued before the first step (DDP's constructor) as
+        step 0, and a time its wait took before that step began is no part of it."""
         waits: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-        tails: dict[tuple, list[float]] = {}  # (node, rank, step index): last issue, last end
+        tails: dict[tuple, list[float]] = {}  # (node, rank, step_num): last issue, last end
         for e in self.comm:
             key, end = (e.node, e.args.get("rank")), e.start + e.duration
             exposed = exposed_time(e)
@@ -159,11 +158,7 @@ class CommunicationBound(Rule):
                 waits[key].append((end - exposed, end))
                 continue
             issued = e.start - float(e.args.get("queued_s", 0.0))
-            steps = spans.get(key, [])
-            i = bisect.bisect_right(steps, (issued, float("inf"))) - 1
-            if i < 0 or issued >= steps[i][1]:
-                continue  # issued outside any step: no step waits for it alone
-            tail = tails.setdefault((*key, i), [issued, end])
+            tail = tails.setdefault((*key, e.args.get("step_num")), [issued, end])
             tail[0], tail[1] = max(tail[0], issued), max(tail[1], end)
         for (node, rank, _), (issued, end) in tails.items():
             waits[(node, rank)].append((issued, end))

@@ -18,7 +18,7 @@ _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warn
 # Errors a rank raises because another rank failed (a peer that died, a pipeline peer
 # whose module raised): the other rank, not this one, is the root cause.
 RELAY_ERRORS = ("PeerLostError", "SMPPeerError")
-_RELAY = re.compile(r"^(?:[A-Za-z_][\w]*\.)*(?:%s)(?::|$)" % "|".join(RELAY_ERRORS))
+_RELAY = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?:" + "|".join(RELAY_ERRORS) + r")(?::|$)")
 
 
 def _plain(lines: Sequence[str]) -> list[str]:

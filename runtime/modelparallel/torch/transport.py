@@ -109,9 +109,8 @@ class Transport:
         frame = np.empty(FRAME_BYTES, dtype=np.uint8)
         return Pending(core.irecv(frame, None, TAG_FRAME, self.group), frame)
 
-    def receive(self, pending: Pending | None = None) -> Message:
-        """The next message from any rank (blocks until it is whole)."""
-        pending = pending or self.post_receive()
+    def receive(self, pending: Pending) -> Message:
+        """The message whose frame ``pending`` receives (blocks until it is whole)."""
         frame = pending.frame
         pending.handle.wait()
         source = pending.handle.source

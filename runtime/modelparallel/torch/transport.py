@@ -5,10 +5,14 @@ Every message goes over the pipeline group's point-to-point transfers in Shoal's
 transfer is a fixed-size frame: a header (kind, metadata length, tensor count), the pickled
 metadata with the tensors' specs, and, in order, each tensor whose bytes still fit. Metadata
 too long for the frame follows in a transfer of its own, and so does each tensor that did
-not fit, straight from (and into) the tensor's own storage. A small message is thus one
-transfer. Per source and tag the core matches in issue order, so one lock around each
-message's sends keeps a message's parts together; the receiving side has one thread (the
-``Mailbox``'s) that takes a frame from any source and then the rest from that source.
+not fit: up to ``CHUNKED_BYTES`` in pieces of at most one frame's size, larger ones in one
+transfer straight from (and into) the tensor's own storage. The frame and the pieces are
+the core's inline messages, whose sends complete as soon as they are posted: the sender
+goes on without waiting for the receiver, where a transfer read from its memory would hold
+it until the receiving thread got to it. Per source and tag the core matches in issue
+order, so one lock around each message's sends keeps a message's parts together; the
+receiving side has one thread (the ``Mailbox``'s) that takes a frame from any source and
+then the rest from that source.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from shoal.errors import ReceiveCancelledError
 
 # Tags of the pipeline's transfers; the object collectives (comm.py) use their own.
 TAG_FRAME, TAG_META, TAG_DATA = 7100, 7101, 7102
-FRAME_BYTES = 4096  # small enough to copy for nothing, large enough for a request's metadata
+# The core's inline message (one mailbox slot; its send completes once posted): a frame
+# holds a request's metadata and small tensors, and larger tensors up to CHUNKED_BYTES
+# leave in pieces of this size.
+FRAME_BYTES = 16384
+CHUNKED_BYTES = 4 * FRAME_BYTES
 _HEADER = np.dtype(np.int64).itemsize * 4  # kind, metadata length, tensor count, reserved
 
 
@@ -38,13 +46,16 @@ class Pending:
     frame: np.ndarray
 
 
-@attrs.frozen
 class Message:
-    kind: int
-    source: int  # rank in the pipeline group
-    meta: Any
-    tensors: list[torch.Tensor]
-    requires_grad: tuple[bool, ...] = ()  # each tensor's flag on the sender
+    __slots__ = ("kind", "source", "meta", "tensors", "requires_grad")
+
+    def __init__(self, kind: int, source: int, meta: Any, tensors: list[torch.Tensor],
+                 requires_grad: tuple[bool, ...] = ()) -> None:
+        self.kind = kind
+        self.source = source  # rank in the pipeline group
+        self.meta = meta
+        self.tensors = tensors
+        self.requires_grad = requires_grad  # each tensor's flag on the sender
 
 
 def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
@@ -67,6 +78,14 @@ def _layout(meta_bytes: int, tensor_bytes: list[int]) -> tuple[bool, list[int | 
         else:
             offsets.append(None)
     return meta_inline, offsets
+
+
+def _pieces(data: np.ndarray) -> list[np.ndarray]:
+    """A tensor's bytes outside the frame, as the transfers that carry them."""
+    n = len(data)
+    if n > CHUNKED_BYTES:
+        return [data]
+    return [data[i:i + FRAME_BYTES] for i in range(0, n, FRAME_BYTES)]
 
 
 class Transport:
@@ -95,7 +114,7 @@ class Transport:
             if offset is not None:
                 frame[offset:offset + size] = _bytes_of(tensor)
             elif size:
-                rest.append((TAG_DATA, _bytes_of(tensor)))
+                rest += [(TAG_DATA, piece) for piece in _pieces(_bytes_of(tensor))]
         with self._send_lock:  # a message's parts leave in order, unmixed with another's
             handles = [core.isend(frame, dst, TAG_FRAME, self.group)]
             handles += [core.isend(data, dst, tag, self.group) for tag, data in rest]
@@ -130,7 +149,8 @@ class Transport:
             if offset is not None:
                 _bytes_of(tensor)[:] = frame[offset:offset + n]
             elif n:
-                core.recv(_bytes_of(tensor), source, TAG_DATA, self.group)
+                for piece in _pieces(_bytes_of(tensor)):
+                    core.recv(piece, source, TAG_DATA, self.group)
         return Message(kind, source, meta, tensors, tuple(flag for _, _, flag in specs))
 
 

@@ -37,6 +37,7 @@ class Task:
         self.error: BaseException | None = None
         self.done = False
         self.waiting = False
+        self.parked = False  # in wait_reply, its turn given up: deliver() queues it
         self.reply: Any = None
         self.wake: threading.Condition | None = None  # on the scheduler's lock
 
@@ -162,6 +163,8 @@ class Scheduler:
             with self._cv:
                 task.done = True
                 self._alive.discard(task)
+                if task in self._ready:  # it raised while queued (a peer failed)
+                    self._ready.remove(task)
                 if self._running is task:
                     self._running = None
                 self._dispatch()
@@ -187,13 +190,18 @@ class Scheduler:
         with self._cv:
             self._running = None
             self._dispatch()
-            arrived = task.wake.wait_for(lambda: not task.waiting or self._error is not None,
-                                         timeout)
-            self._raise_failure()
-            if not arrived:
-                raise SMPPeerError(late or f"no reply within {timeout}s")
-            self._ready.append(task)
-            self._dispatch()
+            if task.waiting:
+                # deliver() queues the task for the turn: its thread wakes once, with it.
+                task.parked = True
+                has_turn = task.wake.wait_for(
+                    lambda: self._running is task or self._error is not None, timeout)
+                if not has_turn and task.waiting and self._error is None:
+                    task.parked = False
+                    raise SMPPeerError(late or f"no reply within {timeout}s")
+                task.parked = False
+            else:
+                self._ready.append(task)
+                self._dispatch()
             task.wake.wait_for(lambda: self._running is task or self._error is not None)
             self._raise_failure()
             reply, task.reply = task.reply, None
@@ -203,7 +211,9 @@ class Scheduler:
         with self._cv:
             task.reply = reply
             task.waiting = False
-            task.wake.notify()
+            if task.parked:
+                self._ready.append(task)
+                self._dispatch()
 
     def switch_phase(self, task: Task, phase: str) -> None:
         """The task's microbatch moves to ``phase``; the schedule may now prefer another."""

@@ -101,34 +101,49 @@ class Engine:
 
     # -- placing modules ----------------------------------------------------------------
     def install(self, modules: dict[str, torch.nn.Module], owner: dict[str, int]) -> None:
-        """Routes every module's forward through the engine (by the module's name)."""
+        """Routes the forward of every module another rank owns through the engine (by the
+        module's name). A module this rank owns always runs here: its forward stays as it
+        is, unless it is an ``nn.Sequential`` with children on other ranks."""
         self.modules, self.owner = modules, owner
         for name, module in modules.items():
-            original = module.forward
+            segmented = None
             if type(module).forward is torch.nn.Sequential.forward:
-                original = self._segmented(name, module)
+                segmented = self._segmented(name, module)
+            original = segmented or module.forward
             self.forwards[name] = original
-            module.forward = self._dispatcher(name, original)
+            if owner[name] != self.rank:
+                module.forward = self._dispatcher(name, original)
+            elif segmented is not None:
+                module.forward = segmented
 
-    def _segmented(self, name: str, sequential: torch.nn.Sequential) -> Callable:
+    def _segmented(self, name: str, sequential: torch.nn.Sequential) -> Callable | None:
         """An ``nn.Sequential`` whose consecutive children share an owner hands the owner
-        the whole run in one call (one transfer each way), not one call per child."""
+        the whole run in one call (one transfer each way), not one call per child. None
+        when every child lives on this rank (its own forward does the same)."""
         prefix = f"{name}." if name else ""
         children = [(f"{prefix}{key}", child) for key, child in sequential._modules.items()]
+        runs: list[tuple[int, str, list]] = []  # (owner, request key, children)
+        i = 0
+        while i < len(children):
+            owner = self.owner[children[i][0]]
+            j = i
+            while j < len(children) and self.owner[children[j][0]] == owner:
+                j += 1
+            runs.append((owner, f"{name}[{i}:{j}]", [child for _, child in children[i:j]]))
+            i = j
+        if all(owner == self.rank for owner, _, _ in runs):
+            return None
+        # A run this rank owns, or of one child (whose own forward decides), runs here.
+        runs = [(-1 if owner == self.rank or len(run) == 1 else owner, key, run)
+                for owner, key, run in runs]
 
         def forward(x):
-            i = 0
-            while i < len(children):
-                owner = self.owner[children[i][0]]
-                j = i
-                while j < len(children) and self.owner[children[j][0]] == owner:
-                    j += 1
-                if not self.active or owner == self.rank or j - i == 1:
-                    for _, child in children[i:j]:
+            for owner, key, run in runs:
+                if owner < 0 or not self.active:
+                    for child in run:
                         x = child(x)
                 else:
-                    x = self._remote_call(owner, f"{name}[{i}:{j}]", (x,), {})
-                i = j
+                    x = self._remote_call(owner, key, (x,), {})
             return x
 
         return forward
@@ -146,12 +161,15 @@ class Engine:
                 x = child(x)
             return x
 
+        self.forwards[key] = forward  # the same run is asked for in every microbatch
         return forward
 
     def _dispatcher(self, name: str, original: Callable) -> Callable:
+        """The forward of a module another rank owns: a request to it inside a step."""
+        owner = self.owner[name]
+
         def forward(*args, **kwargs):
-            owner = self.owner[name]
-            if not self.active or owner == self.rank:
+            if not self.active:
                 return original(*args, **kwargs)
             return self._remote_call(owner, name, args, kwargs)
         forward.__wrapped__ = original

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -41,8 +41,19 @@ class _TensorUnpickler(pickle.Unpickler):
         return self._tensors[pid]
 
 
+# The two commonest structures go without a pickle (whose stream starts with PROTO, 0x80):
+_ONE_TENSOR = b"T"  # a module's output that is one tensor
+_TENSOR_ARGS = b"A"  # a call's (args, kwargs) with only tensors in args and no kwargs
+
+
 def pack(structure: Any) -> tuple[bytes, list[torch.Tensor]]:
     """The structure's pickle with tensors as references, and the tensors in order."""
+    if type(structure) is torch.Tensor:
+        return _ONE_TENSOR, [structure]
+    if (type(structure) is tuple and len(structure) == 2 and type(structure[0]) is tuple
+            and type(structure[1]) is dict and not structure[1]
+            and all(type(a) is torch.Tensor for a in structure[0])):
+        return _TENSOR_ARGS, list(structure[0])
     tensors: list[torch.Tensor] = []
     buffer = io.BytesIO()
     _TensorPickler(buffer, tensors).dump(structure)
@@ -50,11 +61,15 @@ def pack(structure: Any) -> tuple[bytes, list[torch.Tensor]]:
 
 
 def unpack(blob: bytes, tensors: list[torch.Tensor]) -> Any:
+    if blob == _ONE_TENSOR:
+        return tensors[0]
+    if blob == _TENSOR_ARGS:
+        return tuple(tensors), {}
     return _TensorUnpickler(io.BytesIO(blob), tensors).load()
 
 
-@attrs.frozen
-class CallRequest:
+# The messages' metadata: named tuples, which pickle without a Python-level __getstate__.
+class CallRequest(NamedTuple):
     """A forward request: which module, for which microbatch, and how to rebuild the args."""
 
     call_id: int
@@ -64,22 +79,19 @@ class CallRequest:
     grad_enabled: bool
 
 
-@attrs.frozen
-class CallReply:
+class CallReply(NamedTuple):
     call_id: int
     blob: bytes
     error: str | None = None
 
 
-@attrs.frozen
-class GradRequest:
+class GradRequest(NamedTuple):
     call_id: int
     microbatch: int
     present: tuple[int, ...]  # which outputs have a gradient (the others had none)
 
 
-@attrs.frozen
-class GradReply:
+class GradReply(NamedTuple):
     call_id: int
     present: tuple[int, ...]  # which inputs get a gradient
     error: str | None = None

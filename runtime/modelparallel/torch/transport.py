@@ -59,8 +59,30 @@ class Message:
 
 
 def _bytes_of(tensor: torch.Tensor) -> np.ndarray:
-    """The tensor's bytes as a writeable uint8 array sharing its storage."""
+    """The bytes of a contiguous tensor (no grad) as a writeable uint8 array sharing its
+    storage: through numpy where it has the dtype (one torch call: every torch call lets
+    the rank's other threads take the GIL), else through a uint8 view."""
+    if tensor.dtype in _NUMPY_DTYPES:
+        return tensor.numpy().reshape(-1).view(np.uint8)
     return tensor.view(-1).view(torch.uint8).numpy()
+
+
+def _payload(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's bytes to send (a contiguous copy of a non-contiguous one)."""
+    tensor = tensor.detach()
+    if tensor.is_complex():
+        tensor = tensor.resolve_conj()
+    if tensor.dtype in _NUMPY_DTYPES:
+        return np.ascontiguousarray(tensor.numpy()).reshape(-1).view(np.uint8)
+    return _bytes_of(tensor.contiguous())
+
+
+# Tensors' dtypes travel as their index here (a torch.dtype pickles by name).
+_DTYPES = tuple(sorted({d for d in vars(torch).values() if isinstance(d, torch.dtype)}, key=str))
+_DTYPE_CODE = {d: i for i, d in enumerate(_DTYPES)}
+_NUMPY_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.int64,
+                           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                           torch.complex64, torch.complex128})
 
 
 def _layout(meta_bytes: int, tensor_bytes: list[int]) -> tuple[bool, list[int | None]]:
@@ -98,10 +120,10 @@ class Transport:
     def send_tensors(self, dst: int, kind: int, meta: Any, tensors: list[torch.Tensor]) -> None:
         """Sends ``meta`` with ``tensors``; the receiver rebuilds them from their specs."""
         # requires_grad from the caller's tensors: the payload is detached.
-        specs = [(tuple(t.shape), t.dtype, t.requires_grad) for t in tensors]
-        payload = [t.detach().contiguous() for t in tensors]
+        specs = [(tuple(t.shape), _DTYPE_CODE[t.dtype], t.requires_grad) for t in tensors]
+        payload = [_payload(t) for t in tensors]
         blob = pickle.dumps((meta, specs), protocol=pickle.HIGHEST_PROTOCOL)
-        sizes = [t.numel() * t.element_size() for t in payload]
+        sizes = [data.nbytes for data in payload]
         meta_inline, offsets = _layout(len(blob), sizes)
         frame = np.empty(FRAME_BYTES, dtype=np.uint8)
         frame[:_HEADER].view(np.int64)[:] = (kind, len(blob), len(payload), 0)
@@ -110,11 +132,11 @@ class Transport:
             frame[_HEADER:_HEADER + len(blob)] = np.frombuffer(blob, np.uint8)
         else:
             rest.append((TAG_META, np.frombuffer(blob, np.uint8).copy()))
-        for tensor, size, offset in zip(payload, sizes, offsets):
+        for data, size, offset in zip(payload, sizes, offsets):
             if offset is not None:
-                frame[offset:offset + size] = _bytes_of(tensor)
+                frame[offset:offset + size] = data
             elif size:
-                rest += [(TAG_DATA, piece) for piece in _pieces(_bytes_of(tensor))]
+                rest += [(TAG_DATA, piece) for piece in _pieces(data)]
         with self._send_lock:  # a message's parts leave in order, unmixed with another's
             handles = [core.isend(frame, dst, TAG_FRAME, self.group)]
             handles += [core.isend(data, dst, tag, self.group) for tag, data in rest]
@@ -142,14 +164,15 @@ class Transport:
             blob = received.tobytes()
         meta, specs = pickle.loads(blob)
         assert len(specs) == count, "a message's tensor count and its specs disagree"
-        tensors = [torch.empty(shape, dtype=dtype) for shape, dtype, _ in specs]
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        _, offsets = _layout(size, sizes)
-        for tensor, n, offset in zip(tensors, sizes, offsets):
+        tensors = [torch.empty(shape, dtype=_DTYPES[code]) for shape, code, _ in specs]
+        views = [_bytes_of(t) for t in tensors]
+        _, offsets = _layout(size, [v.nbytes for v in views])
+        for view, offset in zip(views, offsets):
+            n = view.nbytes
             if offset is not None:
-                _bytes_of(tensor)[:] = frame[offset:offset + n]
+                view[:] = frame[offset:offset + n]
             elif n:
-                for piece in _pieces(_bytes_of(tensor)):
+                for piece in _pieces(view):
                     core.recv(piece, source, TAG_DATA, self.group)
         return Message(kind, source, meta, tensors, tuple(flag for _, _, flag in specs))
 

@@ -26,6 +26,9 @@ log = logging.getLogger("shoal.modelparallel")
 
 # Message kinds (0 is left unused).
 CALL, CALL_REPLY, GRAD, GRAD_REPLY, OUTPUT, STEP_END, STEP_ERROR = range(1, 8)
+# A microbatch's result with at most this many tensor bytes (a loss) reaches the followers
+# in the step's STEP_END message, with the others; a larger one is sent when it is ready.
+HELD_OUTPUT_BYTES = 1024
 
 
 class _Call:
@@ -85,6 +88,8 @@ class Engine:
         self._pending: dict[tuple[int, int], tuple[Any, Any]] = {}  # (owner, call) -> call
         self._kept: dict[tuple[int, int], remote.KeptCall] = {}
         self._outputs: dict[int, Any] = {}
+        # Small results of this step's microbatches (the leader's), sent with STEP_END.
+        self._held_outputs: list[tuple[int, bytes, list[torch.Tensor]]] = []
         self._step_ended = False
         self._step_error: str | None = None
         # The first error this rank's own modules raised in the step (served for the
@@ -221,6 +226,12 @@ class Engine:
             self._outputs[microbatch] = remote.unpack(blob, message.tensors)
             self.scheduler.notify()
         elif kind in (STEP_END, STEP_ERROR):
+            if kind == STEP_END and meta:
+                start = 0
+                for microbatch, blob, count in meta:
+                    tensors = message.tensors[start:start + count]
+                    start += count
+                    self._outputs[microbatch] = remote.unpack(blob, tensors)
             with self._lock:
                 self._accepting = False  # what comes next belongs to the next step
             self._step_error = meta if kind == STEP_ERROR else None
@@ -302,6 +313,7 @@ class Engine:
 
         self.active = True
         began = self.timeline.now() if self.timeline else 0.0
+        self._held_outputs = []
         self._accept()
         self.scheduler.open()
         try:
@@ -331,16 +343,27 @@ class Engine:
             result = body()
             if self.size > 1:
                 blob, tensors = remote.pack(result)
-                tensors = [t.detach() for t in tensors]
-                for follower in range(1, self.size):
-                    self.transport.send_tensors(follower, OUTPUT, (mb, blob), tensors)
+                if sum(t.numel() * t.element_size() for t in tensors) <= HELD_OUTPUT_BYTES:
+                    # A loss or a few numbers: a copy of them as they are now goes to the
+                    # followers with the step's end, one message for all microbatches.
+                    held = [t.detach().clone() for t in tensors]
+                    with self._lock:
+                        self._held_outputs.append((mb, blob, held))
+                else:
+                    tensors = [t.detach() for t in tensors]
+                    for follower in range(1, self.size):
+                        self.transport.send_tensors(follower, OUTPUT, (mb, blob), tensors)
             return result
         return run
 
     def _end_step(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            held, self._held_outputs = self._held_outputs, []
+        meta = [(mb, blob, len(tensors)) for mb, blob, tensors in held]
+        tensors = [t for _, _, group in held for t in group]
         for follower in range(1, self.size):
             if error is None:
-                self.transport.send_tensors(follower, STEP_END, None, [])
+                self.transport.send_tensors(follower, STEP_END, meta, tensors)
             else:
                 text = "".join(traceback.format_exception(error))
                 self.transport.send_tensors(follower, STEP_ERROR, text, [])

@@ -102,8 +102,10 @@ def run_job(project, name, microbatches, environment):
 def check_ended_in_time_and_named(result, ended, name, step, ranks, error):
     assert result.returncode == 1, result.stderr[-3000:]
     log, reason = result.stderr.split(f"error: local job {name} failed:", 1)
+    # A rank may be ended before it gets to print (the job fails as soon as one raises): the
+    # first rank to reach the step dates it, and it reached it no later than any raise.
     started = [float(t) for t in re.findall(rf"step {step} at (\d+\.\d+)", log)]
-    assert len(started) == 4, log[-3000:]
+    assert started, log[-3000:]
     took = ended - min(started)
     assert took <= BOUND_S, f"the job ended {took:.1f} s after the failing step"
     headline = reason.strip().splitlines()[0]

@@ -7,8 +7,8 @@ wins, key by key), checks every parameter against the table in
 :class:`Config`. HF ``transformers`` reads ``smp.state.cfg.<key>``, so every parameter is
 an attribute under its SMP name.
 
-Parameters this runtime does not implement (tensor parallelism, sharded data parallelism,
-mixed precision, offloading, optimizer-state sharding) are refused with
+Parameters this runtime does not implement (sharded data parallelism, mixed precision,
+offloading, optimizer-state sharding) are refused with
 ``SMPUnsupportedError`` rather than silently ignored: a script asking for them expects
 different numerics or memory behaviour. Parameters that only tune SMP's GPU machinery are
 accepted and have no effect; :data:`ACCEPTED_WITHOUT_EFFECT` says why for each.
@@ -69,7 +69,6 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
 
 # Features of SMP that this runtime does not have, with the test for "asked for".
 _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
-    ("tensor_parallel_degree", lambda v: v > 1),
     ("sharded_data_parallel_degree", lambda v: v > 1),
     ("fp16", bool),
     ("bf16", bool),
@@ -77,14 +76,14 @@ _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("offload_activations", bool),
     ("shard_optimizer_state", bool),
     ("delayed_parameter_initialization", bool),
-    ("prescaled_batch", bool),
 )
 
 # Accepted so that scripts written for SMP run unchanged, with no effect here. Every
 # other accepted parameter is in effect: the degrees, microbatches, pipeline and
 # active_microbatches (the schedule), placement_strategy (the rank layout),
 # auto_partition, default_partition and memory_weight (partitioning), ddp (torch
-# process groups and gradient allreduce across replicas).
+# process groups and gradient allreduce across replicas), tensor_parallel_degree,
+# optimize, prescaled_batch and tensor_parallel_seed (smp.nn's distributed modules).
 ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "ddp_dist_backend": "NCCL and SMDDP need GPUs; torch process groups use Shoal's backend",
     "ddp_port": "torch process groups run over Shoal's collective core, which opens no port",
@@ -94,14 +93,13 @@ ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "deterministic_server": "orders a server's requests alike across replicas; no effect on results",
     "load_partition": "a TensorFlow partition file feature (internal to SMP)",
     "partition_file": "a TensorFlow partition file feature (internal to SMP)",
-    "predefined_hooks": "hooks for tensor-parallel Hugging Face models; tensor parallelism is refused",
+    "predefined_hooks": "Hugging Face models are translated by smp.nn's own registry",
     "activation_loading_horizon": "tunes activation offloading, which is refused",
     "sdp_reduce_bucket_size": "tunes sharded data parallelism, which is refused",
     "sdp_param_persistence_threshold": "tunes sharded data parallelism, which is refused",
     "sdp_max_live_parameters": "tunes sharded data parallelism, which is refused",
     "sdp_hierarchical_allgather": "tunes sharded data parallelism, which is refused",
     "sdp_gradient_clipping": "tunes sharded data parallelism, which is refused",
-    "optimize": "picks tensor-parallel transformer layouts; tensor parallelism is refused",
 })  # fmt: skip
 
 
@@ -160,6 +158,7 @@ class Config:
     fp16_params: bool = _default("fp16_params")
     shard_optimizer_state: bool = _default("shard_optimizer_state")
     prescaled_batch: bool = _default("prescaled_batch")
+    tensor_parallel_seed: int = _default("tensor_parallel_seed")
     skip_tracing: bool = _default("skip_tracing")
     delayed_parameter_initialization: bool = _default("delayed_parameter_initialization")
     static_mode: bool = _default("static_mode")

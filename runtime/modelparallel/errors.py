@@ -5,7 +5,8 @@
     │   └── SMPUnsupportedError         a parameter Shoal's runtime does not implement
     ├── SMPNotInitializedError          an API used before ``smp.init()``
     ├── SMPUsageError                   an API used where SMP does not allow it (forward or
-    │                                   backward outside ``smp.step``, a second DistributedModel)
+    │   │                               backward outside ``smp.step``, a second DistributedModel)
+    │   └── TPModuleRegisterError       ``smp.tp_register`` of a class that is no DistributedModule
     ├── SMPPartitionError               a placement that cannot be honoured (modules sharing a
     │                                   parameter split apart, a model too small to split)
     ├── DDPNotEnabledError              a torch process group asked for without ``ddp: True``
@@ -35,6 +36,10 @@ class SMPNotInitializedError(SMPError, RuntimeError):
 
 class SMPUsageError(SMPError, RuntimeError):
     """An API called where the library does not allow it."""
+
+
+class TPModuleRegisterError(SMPUsageError):
+    """A distributed module to register that does not subclass smp.nn.DistributedModule."""
 
 
 class SMPPartitionError(SMPError, RuntimeError):

@@ -94,6 +94,8 @@ V1_PARAMETERS: Mapping[str, Param] = MappingProxyType({
     "fp16_params": Param("bool", frameworks=PYTORCH, default=False),
     "shard_optimizer_state": Param("bool", frameworks=PYTORCH, default=False),
     "prescaled_batch": Param("bool", frameworks=PYTORCH, default=False),
+    # Seeds the RNG of dropout inside distributed modules when the TP group shares a batch.
+    "tensor_parallel_seed": Param("int", minimum=0, frameworks=PYTORCH, default=0),
     "skip_tracing": Param("bool", frameworks=PYTORCH, default=False),
     "delayed_parameter_initialization": Param("bool", frameworks=PYTORCH, default=False),
     "static_mode": Param("bool", frameworks=PYTORCH, default=False),

@@ -24,7 +24,7 @@ import os
 
 from shoal.modelparallel import __version__
 from shoal.modelparallel.topology import CommGroup, RankType
-from shoal.modelparallel.torch import amp, state
+from shoal.modelparallel.torch import amp, nn, state
 from shoal.modelparallel.torch.checkpoint import load, resume_from_checkpoint, save, save_checkpoint
 from shoal.modelparallel.torch.comm import (
     allgather,
@@ -44,6 +44,13 @@ from shoal.modelparallel.torch.model import DistributedModel
 from shoal.modelparallel.torch.optimizer import DistributedOptimizer
 from shoal.modelparallel.torch.placement import partition, set_partition
 from shoal.modelparallel.torch.stepping import step
+from shoal.modelparallel.torch.tensorparallel.registry import (
+    model_creation,
+    set_tensor_parallelism,
+    tensor_parallelism,
+    tp_register,
+    tp_register_with_module,
+)
 
 WORLD, PP_GROUP, TP_GROUP, RDP_GROUP, DP_GROUP, MP_GROUP = (
     CommGroup.WORLD, CommGroup.PP_GROUP, CommGroup.TP_GROUP, CommGroup.RDP_GROUP,
@@ -110,6 +117,8 @@ __all__ = [
     "allgather", "barrier", "broadcast", "gather", "recv_from", "send",
     "dp_barrier", "mp_barrier", "pp_barrier", "rdp_barrier", "tp_barrier",
     "StepOutput", "DistributedModel", "DistributedOptimizer", "partition", "set_partition", "step",
+    "model_creation", "set_tensor_parallelism", "tensor_parallelism", "tp_register",
+    "tp_register_with_module", "nn",
     "WORLD", "PP_GROUP", "TP_GROUP", "RDP_GROUP", "DP_GROUP", "MP_GROUP",
     "init", "is_initialized", "is_tracing", "num_microbatches",
     "rank", "size", "local_rank", "local_size", "dp_rank", "dp_size", "pp_rank", "pp_size",

@@ -25,6 +25,8 @@ from shoal.modelparallel.torch import placement as _partition
 from shoal.modelparallel.torch import state as _state
 from shoal.modelparallel.torch.gradsync import GradientSync
 from shoal.modelparallel.torch.scheduler import current_task
+from shoal.modelparallel.torch.tensorparallel import registry as _tp_registry
+from shoal.modelparallel.torch.tensorparallel.layout import TensorLayout
 
 _FORWARD_OUTSIDE_STEP = (
     "SMP DistributedModel forward can only be run from inside a smp.step annotated function "
@@ -62,6 +64,13 @@ class DistributedModel(torch.nn.Module):
         if backward_passes_per_step < 1:
             raise ValueError(f"'backward_passes_per_step' must be >= 1 (got {backward_passes_per_step})")
         super().__init__()
+        # Tensor parallelism: marked modules become smp.nn's distributed modules, here.
+        module = _tp_registry.distribute(module)
+        self._layout = TensorLayout(module)
+        self._tp_hooks = []
+        if st.topology.tp_size > 1 and not st.cfg.prescaled_batch:
+            self._tp_hooks = self._layout.scale_scaled_batch_gradients(
+                module.parameters(), st.topology.tp_size)
         self.module = DataParallelModule(module) if st.cfg.ddp else module
         self._user = module
         self.trace_execution_times = trace_execution_times
@@ -74,14 +83,22 @@ class DistributedModel(torch.nn.Module):
         self._post_partition_hooks: list[Callable] = []
         self._deferred_state: tuple[dict, bool] | None = None
         self.overlapping_allreduce = overlapping_allreduce
-        self._grad_sync: GradientSync | None = None
+        self._grad_syncs: list[GradientSync] = []
+        self._outside_step = False  # a forward ran outside smp.step: sync at optimizer.step
         st.model = self
+        if st.topology.pp_size == 1 and st.topology.tp_size > 1:
+            # SMP: with tensor parallelism alone, smp.step is optional; the parameters are
+            # broadcast here and the model is ready for a plain forward and backward.
+            self.partition_at_first_step(None)
 
     # -- what scripts call ------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         st = _state.require()
-        if st.topology.pp_size > 1 and current_task() is None and not st.tracing:
-            raise SMPUsageError(_FORWARD_OUTSIDE_STEP)
+        if current_task() is None and not st.tracing:
+            if st.topology.pp_size > 1:
+                raise SMPUsageError(_FORWARD_OUTSIDE_STEP)
+            if torch.is_grad_enabled():
+                self._outside_step = True
         return self.module(*args, **kwargs)
 
     def backward(self, tensors, grad_tensors=None) -> None:
@@ -212,38 +229,81 @@ class DistributedModel(torch.nn.Module):
                 for param in module.parameters(recurse=False):
                     param.data = torch.empty(0, dtype=param.dtype)
 
-    def _broadcast_from_dp_root(self) -> None:
-        st = _state.require()
+    def _by_reducer(self, tensors) -> dict:
+        """``tensors`` by the group that keeps them equal: scaled-batch ones (tensor
+        parallelism's) over the reduced-data-parallel group, the others over the
+        data-parallel group."""
         from shoal.modelparallel.topology import CommGroup
 
-        group = st.core_group(CommGroup.DP_GROUP)
-        if group is _state.SOLO:
-            return
+        scaled = self._layout.scaled_batch
+        return {CommGroup.DP_GROUP: [t for t in tensors if id(t) not in scaled],
+                CommGroup.RDP_GROUP: [t for t in tensors if id(t) in scaled]}
+
+    def _broadcast_from_dp_root(self) -> None:
+        st = _state.require()
         tensors = list(self.local_parameters())
         if self.broadcast_buffers:
             tensors += list(self.local_buffers())
-        for tensor in tensors:
-            if tensor.numel():
-                core.broadcast(_raw(tensor.data), 0, group=group)
+        for kind, members in self._by_reducer(tensors).items():
+            group = st.core_group(kind)
+            if group is _state.SOLO:
+                continue
+            for tensor in members:
+                if tensor.numel():
+                    core.broadcast(_raw(tensor.data), 0, group=group)
 
     def _start_gradient_sync(self) -> None:
         st = _state.require()
         if not st.cfg.ddp:
             return
-        from shoal.modelparallel.topology import CommGroup
-
-        group = st.core_group(CommGroup.DP_GROUP)
-        if group is _state.SOLO:
-            return
-        self._grad_sync = GradientSync(list(self.local_parameters()), group, self.bucket_bytes,
-                                       self.backward_passes_per_step, self.overlapping_allreduce,
-                                       timeline=st.engine.timeline)
+        for kind, params in self._by_reducer(list(self.local_parameters())).items():
+            group = st.core_group(kind)
+            if group is _state.SOLO or not params:
+                continue
+            self._grad_syncs.append(GradientSync(
+                params, group, self.bucket_bytes, self.backward_passes_per_step,
+                self.overlapping_allreduce, timeline=st.engine.timeline))
 
     def after_step(self) -> None:
         """Averages this rank's gradients over its data-parallel group (``ddp``): the
         buckets that started during the backward are waited for, the rest reduced now."""
-        if self._grad_sync is not None:
-            self._grad_sync.finish_step()
+        self._outside_step = False
+        for sync in self._grad_syncs:
+            sync.finish_step()
+
+    def sync_outside_step(self) -> None:
+        """At ``optimizer.step()``: averages the gradients of a backward that ran outside
+        ``smp.step`` (tensor parallelism alone lets scripts call ``loss.backward()``)."""
+        if self._outside_step:
+            self.after_step()
+
+    # -- tensor parallelism's view of the model ------------------------------------------------
+    def distributed_modules(self):
+        """The smp.nn distributed modules of the model."""
+        return [m for _, m in self._layout.modules]
+
+    def is_distributed_parameter(self, param) -> bool:
+        return id(param) in self._layout.distributed
+
+    def is_distributed_buffer(self, buf) -> bool:
+        return id(buf) in self._layout.distributed
+
+    def is_scaled_batch_parameter(self, param) -> bool:
+        """Whether ``param`` sees the TP group's whole batch (reduced over RDP_GROUP)."""
+        return id(param) in self._layout.scaled_batch
+
+    def is_scaled_batch_buffer(self, buf) -> bool:
+        return id(buf) in self._layout.scaled_batch
+
+    def default_reducer_named_parameters(self):
+        """This rank's parameters whose gradients are reduced over DP_GROUP."""
+        return [(n, p) for n, p in self.local_named_parameters()
+                if id(p) not in self._layout.scaled_batch]
+
+    def scaled_batch_reducer_named_parameters(self):
+        """This rank's parameters whose gradients are reduced over RDP_GROUP."""
+        return [(n, p) for n, p in self.local_named_parameters()
+                if id(p) in self._layout.scaled_batch]
 
     # -- state dicts ------------------------------------------------------------------------
     def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:
@@ -258,17 +318,18 @@ class DistributedModel(torch.nn.Module):
         return out
 
     def state_dict(self, *args, **kwargs) -> dict[str, Any]:  # noqa: ARG002
-        """The whole model's state, gathered from every pipeline rank (call it on all)."""
-        if not self.partitioned:
-            return self._user.state_dict()
+        """The whole model's state under the plain module's names, split tensors gathered
+        whole, from every pipeline and tensor-parallel rank (call it on all of them)."""
         from shoal.modelparallel.topology import CommGroup
         from shoal.modelparallel.torch import comm
 
-        parts = comm.allgather(self.local_state_dict(), CommGroup.PP_GROUP)
-        merged: dict[str, Any] = {}
-        for part in parts:
-            merged.update({k: v for k, v in part.items() if k != "_smp_is_partial"})
-        return {k: merged[k] for k in self._user.state_dict() if k in merged}
+        local = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
+        merged = self._layout.gather_full(local)
+        if self.partitioned and _state.require().topology.pp_size > 1:
+            for part in comm.allgather(merged, CommGroup.PP_GROUP):
+                merged.update(part)
+        order = [k for k in self._user.state_dict() if k in merged]
+        return {k: merged[k] for k in order + sorted(set(merged) - set(order))}
 
     def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True):
         """Loads a full or a partial (``local_state_dict``) state; before partitioning,
@@ -276,15 +337,20 @@ class DistributedModel(torch.nn.Module):
         if not self.partitioned:
             self._deferred_state = (dict(state_dict), strict)
             return None
+        partial = bool(state_dict.get("_smp_is_partial"))
         state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
         own = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
         missing = [k for k in own if k not in state_dict]
         if strict and missing:
             raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        tp_rank = _state.require().topology.tp_rank
         with torch.no_grad():
             for key, tensor in own.items():
                 if key in state_dict:
-                    tensor.copy_(state_dict[key])
+                    value = state_dict[key]
+                    if not partial:  # a full state dict: this rank's part of split tensors
+                        value = self._layout.shard(key, value, tp_rank)
+                    tensor.copy_(value)
         return None
 
 

@@ -58,6 +58,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: fl
             return
         original_load(state_dict)
 
+    original_step = optimizer.step
+
+    def step(self, *args, **kwargs):
+        # A backward outside smp.step (tensor parallelism alone) is averaged here. A bound
+        # method, as LR schedulers expect of optimizer.step.
+        st.model.sync_outside_step()
+        return original_step(*args, **kwargs)
+
+    optimizer.step = types.MethodType(step, optimizer)
     optimizer.local_state_dict = types.MethodType(local_state_dict, optimizer)
     optimizer.state_dict = types.MethodType(state_dict, optimizer)
     optimizer.load_state_dict = types.MethodType(load_state_dict, optimizer)

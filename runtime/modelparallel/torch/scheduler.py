@@ -18,6 +18,7 @@ that arrives early waits until the rank's own step has begun.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable
@@ -206,6 +207,22 @@ class Scheduler:
             self._raise_failure()
             reply, task.reply = task.reply, None
             return reply
+
+    @contextlib.contextmanager
+    def off_turn(self, task: Task):
+        """Gives the turn up for the body's blocking wait (a tensor-parallel exchange with
+        peers that may be on another microbatch), then queues the task for it again."""
+        with self._cv:
+            self._running = None
+            self._dispatch()
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._ready.append(task)
+                self._dispatch()
+                task.wake.wait_for(lambda: self._running is task or self._error is not None)
+                self._raise_failure()
 
     def deliver(self, task: Task, reply: Any) -> None:
         with self._cv:

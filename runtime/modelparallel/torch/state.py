@@ -38,6 +38,7 @@ class State:
     model: Any = None
     optimizer: Any = None
     tracing: bool = False  # the first microbatch runs whole on world rank 0 to partition
+    tp_p2p: Any = None  # the TP group's communicator for tagged exchanges (tp and pp > 1)
 
     def members(self, group: CommGroup) -> tuple[int, ...]:
         return tuple(self.topology.group_of(group))
@@ -99,6 +100,8 @@ def init(config: dict | None = None) -> State:
                               pp=cfg.pipeline_parallel_degree, tp=cfg.tensor_parallel_degree,
                               placement_strategy=cfg.placement_strategy)
     state = State(cfg, topology, _core_groups(topology))
+    if topology.tp_size > 1 and topology.pp_size > 1:
+        state.tp_p2p = _tagged_tp_group(topology)
     if cfg.ddp:
         state.torch_groups = _torch_groups(topology)
     from shoal.modelparallel.torch.pipeline import Engine
@@ -139,6 +142,16 @@ def _transport_group(topology: Topology):
             os.environ.pop("SHOAL_COLLECTIVE_TIMEOUT", None)
         else:
             os.environ["SHOAL_COLLECTIVE_TIMEOUT"] = previous
+
+
+def _tagged_tp_group(topology: Topology):
+    """A second communicator over each TP group, for the tagged exchanges of TP modules
+    inside pipeline tasks (collectives.py), apart from the TP group's collectives."""
+    mine = None
+    for members in topology.all_groups(CommGroup.TP_GROUP):
+        made = core.new_group(members)
+        mine = made if made is not None else mine
+    return mine
 
 
 def _distinct_groups(topology: Topology) -> list[tuple[int, ...]]:

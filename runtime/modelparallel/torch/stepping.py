@@ -16,6 +16,7 @@ import torch
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.torch import microbatch
 from shoal.modelparallel.torch import state as _state
+from shoal.modelparallel.torch.tensorparallel import collectives as tp_collectives
 
 
 def step(func: Callable | None = None, *, non_split_inputs=None, input_split_axes=None,
@@ -41,6 +42,7 @@ def step(func: Callable | None = None, *, non_split_inputs=None, input_split_axe
             first = (lambda: func(*chunks[0][0], **chunks[0][1])) if leads else None
             model.partition_at_first_step(first)
         grad = torch.is_grad_enabled()  # the caller's mode, for every microbatch's thread
+        tp_collectives.reset_tags()
         if leads:
             bodies = [_body(func, a, k, grad) for a, k in chunks]
             results = st.engine.lead(bodies, st.cfg.active_microbatches)

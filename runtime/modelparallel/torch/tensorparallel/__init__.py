@@ -1,0 +1,2 @@
+"""Tensor parallelism: the TP group's collectives and the replacement of supported modules
+by ``smp.nn``'s distributed ones."""

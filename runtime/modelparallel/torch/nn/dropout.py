@@ -1,0 +1,60 @@
+"""Dropout inside the tensor-parallel modules.
+
+With tp > 1 a block's activations are either replicated over the TP group (``speed``, and
+anything with ``prescaled_batch``) or a split of one logical tensor (heads, hidden shards).
+Either way every rank must drop the same elements of the logical tensor, or the replicas
+stop agreeing. So each dropout draws its mask for the whole logical tensor from its own
+``torch.Generator``, seeded from ``cfg.tensor_parallel_seed`` and the dropout's index among
+those built in this process (the same on every rank: every rank builds the same model), and
+keeps this rank's part of it. The generators advance once per call, so the TP peers must
+call the module's dropouts in the same order, as they do running the same forward.
+
+Tensors that are this rank's own data (``local=True``: embeddings of its own rows) and
+everything at tp == 1 use torch's default generator, like ``nn.Dropout``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from shoal.modelparallel.torch import state as _state
+
+_built = itertools.count()
+
+
+class ParallelDropout(torch.nn.Module):
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = float(p)
+        st = _state.current()
+        self._tp_size = st.topology.tp_size if st is not None else 1
+        seed = int(st.cfg.tensor_parallel_seed) if st is not None else 0
+        index = next(_built)
+        self._generator = torch.Generator().manual_seed((seed << 24) + index)
+
+    def forward(self, x: torch.Tensor, shard_dim: int | None = None,
+                sizes: Sequence[int] | None = None, rank: int = 0,
+                local: bool = False) -> torch.Tensor:
+        """``x`` is the whole logical tensor, or rank ``rank``'s part ``sizes[rank]`` of it
+        on ``shard_dim``."""
+        if not self.training or self.p == 0.0:
+            return x
+        if local or self._tp_size == 1:
+            return F.dropout(x, self.p, True)
+        if self.p == 1.0:
+            return x * 0.0
+        shape = list(x.shape)
+        if shard_dim is not None:
+            shape[shard_dim] = sum(sizes)
+        keep = torch.empty(shape, dtype=x.dtype).bernoulli_(1.0 - self.p, generator=self._generator)
+        if shard_dim is not None:
+            keep = keep.narrow(shard_dim, sum(sizes[:rank]), sizes[rank])
+        return x * keep / (1.0 - self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

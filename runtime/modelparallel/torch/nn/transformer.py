@@ -1,0 +1,152 @@
+"""``smp.nn.DistributedTransformerLayer`` (attention, optional cross-attention, MLP) and
+``smp.nn.DistributedTransformer`` (``num_layers`` of them in ``seq_layers``, an
+``nn.Sequential``).
+
+Children: ``attention`` (``DistributedAttentionLayer``), ``cross_attention`` (with
+``add_cross_attention``), ``output`` (``DistributedTransformerOutputLayer``); their
+parameters are split as those modules say.
+
+A layer's ``forward`` takes this rank's rows, ``(hidden_states, attention_mask)`` or
+``(hidden_states, cross_states, attention_mask, cross_mask)``, and returns the same tuple
+with the new hidden states. Between the layers of a stack the tuple stays in the block's
+layout (``layout.py``): the first layer enters it (gathering rows or trading them for hidden
+channels), the last leaves it, so the stack pays that exchange once, not once per layer.
+``seq_layers`` can still be run (or checkpointed) child by child.
+"""
+
+from __future__ import annotations
+
+import torch
+from shoal.modelparallel.torch.nn.attention import DistributedAttentionLayer
+from shoal.modelparallel.torch.nn.module import DistributedModule
+from shoal.modelparallel.torch.nn.options import check_activation, check_extra, check_layernorms
+from shoal.modelparallel.torch.nn.output import DistributedTransformerOutputLayer
+
+
+class DistributedTransformerLayer(DistributedModule):
+    def __init__(self, num_attention_heads: int = 32, attention_head_size: int = 32,
+                 hidden_size: int = 1024, intermediate_size: int = 4096,
+                 attention_dropout_prob: float = 0.1, hidden_dropout_prob: float = 0.1,
+                 activation: str = "gelu", layernorm_epsilon: float = 1e-5,
+                 initializer_range: float = 0.02, use_normal_initialization: bool = False,
+                 causal_mask_size: int | None = None, add_cross_attention: bool = False,
+                 pre_layernorm: bool = False, post_layernorm: bool = True,
+                 mask_value: float = -1e4, scale_attention_scores: bool = True,
+                 fp32_residual_addition: bool = False, **extra) -> None:
+        super().__init__()
+        check_extra(type(self).__name__, extra)
+        check_activation(activation)
+        check_layernorms(pre_layernorm, post_layernorm)
+        self.add_cross_attention = bool(add_cross_attention)
+        common = dict(num_attention_heads=num_attention_heads,
+                      attention_head_size=attention_head_size, hidden_size=hidden_size,
+                      attention_dropout_prob=attention_dropout_prob,
+                      hidden_dropout_prob=hidden_dropout_prob,
+                      layernorm_epsilon=layernorm_epsilon, initializer_range=initializer_range,
+                      use_normal_initialization=use_normal_initialization,
+                      pre_layernorm=pre_layernorm, post_layernorm=post_layernorm,
+                      mask_value=mask_value, scale_attention_scores=scale_attention_scores,
+                      **extra)
+        self.attention = DistributedAttentionLayer(causal_mask_size=causal_mask_size, **common)
+        if self.add_cross_attention:
+            self.cross_attention = DistributedAttentionLayer(cross_attention=True, **common)
+        self.output = DistributedTransformerOutputLayer(
+            hidden_size=hidden_size, intermediate_size=intermediate_size,
+            hidden_dropout_prob=hidden_dropout_prob, activation=activation,
+            layernorm_epsilon=layernorm_epsilon, initializer_range=initializer_range,
+            use_normal_initialization=use_normal_initialization, pre_layernorm=pre_layernorm,
+            post_layernorm=post_layernorm, fp32_residual_addition=fp32_residual_addition,
+            **extra)
+        self.layout = self.attention.layout
+        # Whether this layer's input / output is this rank's rows (else the block layout).
+        self.enters_layout = True
+        self.leaves_layout = True
+
+    @classmethod
+    def can_distribute(cls, *args, **kwargs) -> bool:
+        names = ("num_attention_heads", "attention_head_size", "hidden_size", "intermediate_size")
+        given = dict(zip(names, args)) | kwargs
+        return (DistributedAttentionLayer.can_distribute(**given)
+                and DistributedTransformerOutputLayer.can_distribute(
+                    hidden_size=given.get("hidden_size", 1024),
+                    intermediate_size=given.get("intermediate_size", 4096)))
+
+    def forward(self, inputs):
+        if self.add_cross_attention:
+            hidden, cross, mask, cross_mask = inputs
+        else:
+            (hidden, mask), cross, cross_mask = inputs, None, None
+        given = (hidden, cross, mask, cross_mask)
+        if self.enters_layout:
+            hidden, cross, mask, cross_mask = self._enter(hidden, cross, mask, cross_mask)
+        out = self.attention.run(hidden, mask)
+        if self.add_cross_attention:
+            out = self.cross_attention.run(out, cross_mask, cross)
+        out = self.output.run(out)
+        if self.leaves_layout:
+            out = self.layout.leave(out)
+            if self.enters_layout:
+                _, cross, mask, cross_mask = given  # what came in goes back out
+            else:
+                cross, mask, cross_mask = self._leave(out.shape[0], cross, mask, cross_mask)
+        if self.add_cross_attention:
+            return out, cross, mask, cross_mask
+        return out, mask
+
+    def _enter(self, hidden, cross, mask, cross_mask):
+        layout, rows = self.layout, hidden.shape[0]
+        return (layout.enter(hidden), layout.enter(cross) if cross is not None else None,
+                layout.enter_mask(mask, rows), layout.enter_mask(cross_mask, rows))
+
+    def _leave(self, rows, cross, mask, cross_mask):
+        layout = self.layout
+        return (layout.leave(cross) if cross is not None else None,
+                layout.leave_mask(mask, rows), layout.leave_mask(cross_mask, rows))
+
+
+class DistributedTransformer(DistributedModule):
+    def __init__(self, num_layers: int = 12, num_attention_heads: int = 32,
+                 attention_head_size: int = 32, hidden_size: int = 1024,
+                 intermediate_size: int = 4096, attention_dropout_prob: float = 0.1,
+                 hidden_dropout_prob: float = 0.1, activation: str = "gelu",
+                 layernorm_epsilon: float = 1e-5, initializer_range: float = 0.02,
+                 use_normal_initialization: bool = False, causal_mask_size: int | None = None,
+                 add_cross_attention: bool = False, pre_layernorm: bool = False,
+                 post_layernorm: bool = True, **extra) -> None:
+        super().__init__()
+        check_activation(activation)
+        check_layernorms(pre_layernorm, post_layernorm)
+        self.num_layers = int(num_layers)
+        layer_args = dict(
+            num_attention_heads=num_attention_heads, attention_head_size=attention_head_size,
+            hidden_size=hidden_size, intermediate_size=intermediate_size,
+            attention_dropout_prob=attention_dropout_prob, hidden_dropout_prob=hidden_dropout_prob,
+            activation=activation, layernorm_epsilon=layernorm_epsilon,
+            initializer_range=initializer_range,
+            use_normal_initialization=use_normal_initialization,
+            causal_mask_size=causal_mask_size, add_cross_attention=add_cross_attention,
+            pre_layernorm=pre_layernorm, post_layernorm=post_layernorm, **extra)
+        self.seq_layers = torch.nn.Sequential(
+            *(DistributedTransformerLayer(**layer_args) for _ in range(self.num_layers)))
+        self.set_layout_boundaries(True)
+
+    @classmethod
+    def can_distribute(cls, *args, **kwargs) -> bool:
+        names = ("num_layers", "num_attention_heads", "attention_head_size", "hidden_size",
+                 "intermediate_size")
+        given = dict(zip(names, args)) | kwargs
+        given.pop("num_layers", None)
+        return DistributedTransformerLayer.can_distribute(**given)
+
+    def set_layout_boundaries(self, own: bool) -> None:
+        """``own``: the stack takes and returns this rank's rows (its first layer enters the
+        block layout, its last leaves it); else its caller does, and every layer works in
+        the layout (``DistributedTransformerLMHead``)."""
+        last = len(self.seq_layers) - 1
+        for i, layer in enumerate(self.seq_layers):
+            layer.enters_layout = own and i == 0
+            layer.leaves_layout = own and i == last
+
+    def forward(self, inputs):
+        return self.seq_layers(inputs)
+

@@ -334,7 +334,6 @@ def test_mp_size():
 
 
 REFUSED = [
-    ({"tensor_parallel_degree": 2, "ddp": True}, "tensor_parallel_degree=2"),
     ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
     ({"fp16": True}, "fp16=True"),
     ({"bf16": True}, "bf16=True"),
@@ -342,7 +341,6 @@ REFUSED = [
     ({"offload_activations": True}, "offload_activations=True"),
     ({"shard_optimizer_state": True}, "shard_optimizer_state=True"),
     ({"delayed_parameter_initialization": True}, "delayed_parameter_initialization=True"),
-    ({"prescaled_batch": True}, "prescaled_batch=True"),
 ]
 
 
@@ -358,9 +356,9 @@ def test_unsupported_parameter_is_refused(config, named):
 
 def test_every_unsupported_parameter_is_named():
     rejects(
-        {"tensor_parallel_degree": 2, "ddp": True, "fp16": True, "shard_optimizer_state": True},
-        "Shoal's model-parallel runtime does not implement: tensor_parallel_degree=2, "
-        "fp16=True, shard_optimizer_state=True. Leave these parameters at their defaults.",
+        {"sharded_data_parallel_degree": 2, "ddp": True, "fp16": True},
+        "Shoal's model-parallel runtime does not implement: sharded_data_parallel_degree=2, "
+        "fp16=True. Leave these parameters at their defaults.",
         error=SMPUnsupportedError,
     )
 
@@ -394,7 +392,7 @@ def test_accepted_parameters_without_effect():
         "ddp": True, "ddp_dist_backend": "nccl", "ddp_port": 29500, "skip_tracing": True,
         "static_mode": True, "fast_mode": True, "deterministic_server": True,
         "load_partition": True, "partition_file": "p.json", "predefined_hooks": False,
-        "activation_loading_horizon": 2, "optimize": "memory", "sdp_reduce_bucket_size": 10,
+        "activation_loading_horizon": 2, "sdp_reduce_bucket_size": 10,
         "sdp_param_persistence_threshold": 0, "sdp_max_live_parameters": 5,
         "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 0.5,
     }  # fmt: skip
@@ -402,6 +400,14 @@ def test_accepted_parameters_without_effect():
     for key, value in config.items():
         assert getattr(cfg, key) == value
     assert set(ACCEPTED_WITHOUT_EFFECT) <= set(config)
+
+
+def test_tensor_parallelism_is_taken():
+    cfg = resolve({"tensor_parallel_degree": 2, "ddp": True, "prescaled_batch": True,
+                   "tensor_parallel_seed": 5}, {})
+    assert (cfg.tensor_parallel_degree, cfg.prescaled_batch, cfg.optimize) == (2, True, "speed")
+    assert cfg.tensor_parallel_seed == 5 and unsupported(cfg) == []
+    assert resolve({"optimize": "memory"}, {}).optimize == "memory"
 
 
 def test_real_script_configs():

@@ -47,6 +47,7 @@ SMP_V1_PYTORCH_DEFAULTS = {
     "fp16_params": False,
     "shard_optimizer_state": False,
     "prescaled_batch": False,
+    "tensor_parallel_seed": 0,  # SMP's config table; not in its documentation
     "skip_tracing": False,
     "delayed_parameter_initialization": False,
     "static_mode": False,

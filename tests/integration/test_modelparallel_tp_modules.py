@@ -83,7 +83,6 @@ def make_inputs(kind: str, rows: int, hidden: int, gen):
 
 
 def rows_of(value, mine):
-    import torch
 
     if isinstance(value, tuple):
         return tuple(rows_of(v, mine) for v in value)

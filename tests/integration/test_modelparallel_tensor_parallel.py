@@ -121,6 +121,103 @@ def worker() -> None:
           f"loss {global_loss:.6f} rel {rel:.2e} weights {worst:.2e}: 1 cases ok", flush=True)
 
 
+def api_worker(folder) -> None:
+    """The marking and registering API on 2 ranks: what is replaced, with what arguments,
+    and SMP's refusals with its messages; partial checkpoints per tp rank."""
+    import pytest
+    import smdistributed.modelparallel.torch as smp
+    import torch
+    from shoal.modelparallel.errors import SMPUsageError, TPModuleRegisterError
+    from torch import nn
+
+    smp.init({"tensor_parallel_degree": 2, "ddp": True})
+    with pytest.raises(TPModuleRegisterError, match=r"^Can only register a sub-class of "
+                       r"smp.nn.DistributedModule. Found Linear.$"):
+        smp.tp_register_with_module(nn.Sequential, nn.Linear)
+    with pytest.raises(SMPUsageError, match="^Modules of type ReLU are not supported"):
+        smp.set_tensor_parallelism(nn.ReLU())
+
+    class Scale(nn.Module):  # a user's module with a distributed form of its own
+        def __init__(self, width, factor=2.0):
+            super().__init__()
+            self.proj = nn.Linear(width, width)
+            self.factor = factor
+
+        def forward(self, x, extra=0.0):
+            return self.proj(x) * self.factor + extra
+
+    class DistributedScale(smp.nn.DistributedModule):
+        def __init__(self, width, factor, offset=0.0):
+            super().__init__()
+            self.proj = smp.nn.DistributedLinear(width, width)
+            self.factor, self.offset = factor, offset
+
+        @classmethod
+        def can_distribute(cls, width, factor, offset=0.0):
+            return width % 2 == 0
+
+        def forward(self, x, extra):
+            return self.proj(x) * self.factor + extra + self.offset
+
+    smp.tp_register_with_module(
+        Scale, DistributedScale,
+        init_hook=lambda width, factor=2.0: ((width, factor), {}),
+        forward_hook=lambda x, extra=0.0: ((x,), {"extra": extra}),
+        return_hook=lambda out: out * 1.0)
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            with smp.tensor_parallelism(offset=1.0):
+                self.scale = Scale(4, factor=3.0)
+                self.odd = Scale(3)  # cannot be distributed: kept, with a log line
+                with smp.tensor_parallelism(enabled=False):
+                    self.kept = nn.Linear(4, 4)  # the innermost context wins
+                with smp.tensor_parallelism(vocab_parallel=True):
+                    self.embed = nn.Embedding(8, 4)
+            self.plain = nn.Linear(4, 4)  # outside any context
+            with smp.model_creation(tensor_parallelism=True, dtype=torch.float64):
+                self.wide = nn.Linear(4, 4)
+            assert torch.get_default_dtype() == torch.float32
+
+    torch.manual_seed(0)
+    holder = Holder()
+    before = holder.scale.proj.weight.detach().clone()
+    model = smp.DistributedModel(holder)
+    user = model.get_module()
+    assert isinstance(user.scale, DistributedScale) and user.scale.offset == 1.0
+    assert user.scale.factor == 3.0
+    assert isinstance(user.odd, Scale) and isinstance(user.kept, nn.Linear)
+    assert isinstance(user.plain, nn.Linear)
+    assert isinstance(user.embed, smp.nn.DistributedEmbedding) and user.embed.vocab_parallel
+    assert isinstance(user.wide, smp.nn.DistributedLinear)
+    assert user.wide.weight.dtype == torch.float64
+    # The original's weights are the shards' (not a fresh initialisation).
+    assert user.scale.proj.weight.equal(before[:, 2 * smp.tp_rank(): 2 * smp.tp_rank() + 2])
+    x = torch.ones(2, 4)
+    assert user.scale(x, extra=5.0).shape == (2, 4)
+    with pytest.raises(SMPUsageError, match="^The model needs to be wrapped with "
+                       "smp.DistributedModel after using the set_tensor_parallelism API$"):
+        smp.set_tensor_parallelism(user.plain)
+    # Partial checkpoints: one file per tp rank, each its shards.
+    local = model.local_state_dict()
+    smp.save(local, os.path.join(folder, "weights"), partial=True)
+    smp.barrier()
+    assert os.path.exists(os.path.join(folder, f"weights_0_{smp.tp_rank()}.pt"))
+    loaded = smp.load(os.path.join(folder, "weights"), partial=True)
+    assert loaded["scale.proj.weight"].equal(user.scale.proj.weight)
+    smp.save_checkpoint(folder, "tp", partial=True, model=model)
+    with torch.no_grad():
+        user.scale.proj.weight.zero_()
+    smp.resume_from_checkpoint(folder, "tp")
+    assert user.scale.proj.weight.equal(local["scale.proj.weight"])
+    full = model.state_dict()
+    assert full["scale.proj.weight"].shape == (4, 4) and full["embed.weight"].shape == (8, 4)
+    assert "scale.proj.bias" in full and "wide.bias" in full  # from tp_rank 0, on every rank
+    smp.barrier()
+    print(f"rank {smp.rank()}: api: 1 cases ok", flush=True)
+
+
 def check_view(smp, model, case):
     """The replaced modules, their shards and the reducers SMP documents."""
     from torch import nn
@@ -177,5 +274,13 @@ def test_tensor_parallel_matches_one_process(name):
     run_mpi(ranks, {"MP_CASE": json.dumps(case)}, per_rank_host=host, script=HERE, timeout=300)
 
 
+def test_marking_registering_and_partial_checkpoints(tmp_path):
+    run_mpi(2, {"MP_CASE": json.dumps({"api": True}), "TP_FOLDER": str(tmp_path)},
+            script=HERE, timeout=300)
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    worker()
+    if json.loads(os.environ["MP_CASE"]).get("api"):
+        api_worker(os.environ["TP_FOLDER"])
+    else:
+        worker()

@@ -231,13 +231,29 @@ def _replacement(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
         log.info("tensor parallelism: %s (%s) is kept as it is: %s cannot distribute it",
                  path or "the model", type(module).__name__, reg.dist_module.__name__)
         return None
-    new = reg.dist_module(*args, **kwargs)
+    with _default_dtype(_dtype_of(module)):  # as created (smp.model_creation's dtype)
+        new = reg.dist_module(*args, **kwargs)
     _copy_weights(module, new)
     _install_hooks(new, reg)
     new.train(module.training)
     log.info("tensor parallelism: %s (%s) -> %s", path or "the model",
              type(module).__name__, reg.dist_module.__name__)
     return new
+
+
+def _dtype_of(module: torch.nn.Module) -> torch.dtype | None:
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _init_args(module: torch.nn.Module) -> tuple[tuple, dict]:

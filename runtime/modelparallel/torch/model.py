@@ -312,7 +312,9 @@ class DistributedModel(torch.nn.Module):
         for name, module in self.local_named_modules():  # tied parameters under each name
             for pname, param in module.named_parameters(recurse=False):
                 out[f"{name}.{pname}" if name else pname] = param
-        out.update(self.local_named_buffers())
+            for bname, buf in module.named_buffers(recurse=False):
+                if buf is not None and bname not in module._non_persistent_buffers_set:
+                    out[f"{name}.{bname}" if name else bname] = buf
         out = {k: v.detach() for k, v in out.items()}
         out["_smp_is_partial"] = True
         return out

@@ -6,8 +6,11 @@ Either way every rank must drop the same elements of the logical tensor, or the 
 stop agreeing. So each dropout draws its mask for the whole logical tensor from its own
 ``torch.Generator``, seeded from ``cfg.tensor_parallel_seed`` and the dropout's index among
 those built in this process (the same on every rank: every rank builds the same model), and
-keeps this rank's part of it. The generators advance once per call, so the TP peers must
-call the module's dropouts in the same order, as they do running the same forward.
+keeps this rank's part of it. Outside a pipeline the generators advance once per call (the
+TP peers call a module's dropouts in the same order, running the same forward). Inside a
+pipeline's tasks the peers may take their microbatches in different orders, so the mask of
+a call comes from a generator of its own for the step and microbatch, which advances with
+that microbatch's calls only.
 
 Tensors that are this rank's own data (``local=True``: embeddings of its own rows) and
 everything at tp == 1 use torch's default generator, like ``nn.Dropout``.
@@ -21,6 +24,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from shoal.modelparallel.torch import state as _state
+from shoal.modelparallel.torch.scheduler import current_task
+from shoal.modelparallel.torch.tensorparallel.collectives import step_index
 
 _built = itertools.count()
 
@@ -35,7 +40,9 @@ class ParallelDropout(torch.nn.Module):
         self._tp_size = st.topology.tp_size if st is not None else 1
         seed = int(st.cfg.tensor_parallel_seed) if st is not None else 0
         index = next(_built)
-        self._generator = torch.Generator().manual_seed((seed << 24) + index)
+        self._seed = (seed << 24) + index
+        self._generator = torch.Generator().manual_seed(self._seed)
+        self._per_microbatch: dict[tuple[int, int], torch.Generator] = {}
 
     def forward(self, x: torch.Tensor, shard_dim: int | None = None,
                 sizes: Sequence[int] | None = None, rank: int = 0,
@@ -51,10 +58,24 @@ class ParallelDropout(torch.nn.Module):
         shape = list(x.shape)
         if shard_dim is not None:
             shape[shard_dim] = sum(sizes)
-        keep = torch.empty(shape, dtype=x.dtype).bernoulli_(1.0 - self.p, generator=self._generator)
+        keep = torch.empty(shape, dtype=x.dtype).bernoulli_(1.0 - self.p,
+                                                            generator=self._generator_now())
         if shard_dim is not None:
             keep = keep.narrow(shard_dim, sum(sizes[:rank]), sizes[rank])
         return x * keep / (1.0 - self.p)
+
+    def _generator_now(self) -> torch.Generator:
+        task = current_task()
+        st = _state.current()
+        if task is None or st is None or st.topology.pp_size == 1:
+            return self._generator
+        key = (step_index(), task.microbatch)
+        if key not in self._per_microbatch:
+            if self._per_microbatch and min(self._per_microbatch)[0] != key[0]:
+                self._per_microbatch.clear()  # a new step
+            seed = hash((self._seed, key)) & ((1 << 62) - 1)
+            self._per_microbatch[key] = torch.Generator().manual_seed(seed)
+        return self._per_microbatch[key]
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -90,12 +90,20 @@ def tp_rank() -> int:
 _TAG_BITS = 20  # operations per (microbatch, phase) before the index wraps around
 _counters: dict[tuple[int, int], int] = {}
 _counters_lock = threading.Lock()
+_steps = 0
 
 
 def reset_tags() -> None:
     """Called as a step begins: the tags of the step before are all consumed."""
+    global _steps
     with _counters_lock:
         _counters.clear()
+        _steps += 1
+
+
+def step_index() -> int:
+    """How many ``smp.step`` calls have begun in this process (the same on every rank)."""
+    return _steps
 
 
 def _next_tag(task) -> int:

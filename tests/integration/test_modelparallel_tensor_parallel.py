@@ -175,6 +175,8 @@ def api_worker(folder) -> None:
                     self.kept = nn.Linear(4, 4)  # the innermost context wins
                 with smp.tensor_parallelism(vocab_parallel=True):
                     self.embed = nn.Embedding(8, 4)
+                self.tied_in, self.tied_out = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+                self.tied_out.weight = self.tied_in.weight  # shared: both kept, as in SMP
             self.plain = nn.Linear(4, 4)  # outside any context
             with smp.model_creation(tensor_parallelism=True, dtype=torch.float64):
                 self.wide = nn.Linear(4, 4)
@@ -191,6 +193,8 @@ def api_worker(folder) -> None:
     assert isinstance(user.plain, nn.Linear)
     assert isinstance(user.embed, smp.nn.DistributedEmbedding) and user.embed.vocab_parallel
     assert isinstance(user.wide, smp.nn.DistributedLinear)
+    assert type(user.tied_in) is nn.Embedding and type(user.tied_out) is nn.Linear
+    assert user.tied_out.weight is user.tied_in.weight
     assert user.wide.weight.dtype == torch.float64
     # The original's weights are the shards' (not a fresh initialisation).
     assert user.scale.proj.weight.equal(before[:, 2 * smp.tp_rank(): 2 * smp.tp_rank() + 2])

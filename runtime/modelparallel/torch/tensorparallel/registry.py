@@ -7,7 +7,8 @@ innermost context wins) or marked afterwards by ``smp.set_tensor_parallelism``. 
 ``smp.DistributedModel`` wraps the model, each marked module of a registered type is
 replaced by its distributed module, outermost first (a replaced module's children are not
 looked at); one the distributed module cannot take (``can_distribute`` False, such as
-sizes the TP degree does not divide where that matters) is kept, with a log line.
+sizes the TP degree does not divide where that matters) or one sharing a parameter with a
+module outside it (a tied embedding and output layer) is kept, with a log line.
 
 The distributed module is built from the original's constructor arguments (recorded at
 creation for registered classes, read back from the attributes of ``nn.Linear`` and
@@ -201,27 +202,48 @@ def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None =
 def distribute(root: torch.nn.Module) -> torch.nn.Module:
     """``root`` with its marked, supported modules replaced by distributed ones (the root
     itself included: a model that is one supported module comes back replaced)."""
-    replaced = _replacement(root, "")
+    holders = _holders(root)
+    replaced = _replacement(root, "", holders)
     if replaced is not None:
         return replaced
-    _distribute_children(root, "")
+    _distribute_children(root, "", holders)
     return root
 
 
-def _distribute_children(module: torch.nn.Module, prefix: str) -> None:
+def _holders(root: torch.nn.Module) -> dict[int, set[int]]:
+    """For each parameter, the modules that hold it directly (a tied weight: several)."""
+    holders: dict[int, set[int]] = {}
+    for module in root.modules():
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), set()).add(id(module))
+    return holders
+
+
+def _distribute_children(module: torch.nn.Module, prefix: str, holders) -> None:
     for name, child in list(module.named_children()):
         path = f"{prefix}.{name}" if prefix else name
-        replaced = _replacement(child, path)
+        replaced = _replacement(child, path, holders)
         if replaced is not None:
             setattr(module, name, replaced)
         else:
-            _distribute_children(child, path)
+            _distribute_children(child, path, holders)
 
 
-def _replacement(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
+def _shares_weights(module: torch.nn.Module, holders) -> bool:
+    """Whether a parameter of ``module`` is also held by a module outside it (a tied
+    embedding and output layer): SMP leaves such modules as they are."""
+    inside = {id(m) for m in module.modules()}
+    return any(holders.get(id(p), set()) - inside for p in module.parameters())
+
+
+def _replacement(module: torch.nn.Module, path: str, holders) -> torch.nn.Module | None:
     mark = module.__dict__.get("_smp_tp")
     reg = _REGISTRY.get(type(module))
     if reg is None or mark is None or not mark.enabled:
+        return None
+    if _shares_weights(module, holders):
+        log.info("tensor parallelism: %s (%s) is kept as it is: it shares a parameter with "
+                 "another module", path or "the model", type(module).__name__)
         return None
     args, kwargs = _init_args(module)
     if reg.init_hook is not None:

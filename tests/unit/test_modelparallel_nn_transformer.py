@@ -177,9 +177,9 @@ def test_extra_options_accepted_refused_or_unknown():
                                   flash_attention=True, use_alibi=False)
     with pytest.raises(SMPUnsupportedError, match="use_alibi=True is not supported"):
         smp_nn.DistributedTransformer(**small, use_alibi=True)
-    with pytest.raises(SMPUnsupportedError, match="tie_input_output_embedding=False"):
+    with pytest.raises(SMPUnsupportedError, match="distribute_embedding=True"):
         smp_nn.DistributedTransformerLMHead(**small, vocab_size=7, num_positions=6,
-                                            tie_input_output_embedding=False)
+                                            distribute_embedding=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         smp_nn.DistributedTransformerLayer(2, 2, 4, 8, colour="blue")
 

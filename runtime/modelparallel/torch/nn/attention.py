@@ -19,6 +19,11 @@ else ``out + hidden_states``. (The documentation's sketch returns ``out`` alone 
 post-layernorm; a pre-layernorm block such as GPT-2's, which SMP maps onto this layer with
 ``pre_layernorm=True, post_layernorm=False``, keeps its residual connection, as here.)
 Cross-attention takes keys and values from ``cross_states`` (not normalised).
+
+Beyond the documented arguments: ``rotary_dim`` (GPT-J: that many channels of each head
+rotated, interleaved pairs) or ``rotary_pct`` (GPT-NeoX: that share of each head, halves
+paired), with ``rotary_emb_base``, rotate queries and keys by position (``rotary.py``);
+``attention_bias=False`` drops the biases of the four projections (GPT-J).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import math
 import torch
 import torch.nn.functional as F
 from shoal.modelparallel.errors import SMPConfigError
+from shoal.modelparallel.torch.nn import rotary
 from shoal.modelparallel.torch.nn.dropout import ParallelDropout
 from shoal.modelparallel.torch.nn.layout import Layout
 from shoal.modelparallel.torch.nn.module import DistributedModule
@@ -44,10 +50,13 @@ class DistributedAttentionLayer(DistributedModule):
                  cross_attention: bool = False, causal_mask_size: int | None = None,
                  pre_layernorm: bool = False, post_layernorm: bool = True,
                  mask_value: float = -1e4, scale_attention_scores: bool = True,
+                 rotary_dim: int | None = None, rotary_pct: float | None = None,
+                 rotary_emb_base: float = 10000.0, attention_bias: bool = True,
                  **extra) -> None:
         super().__init__()
         check_extra(type(self).__name__, extra)
         check_layernorms(pre_layernorm, post_layernorm)
+        self.attention_bias = bool(attention_bias)
         self.num_attention_heads, self.attention_head_size = int(num_attention_heads), \
             int(attention_head_size)
         self.hidden_size, self.cross_attention = int(hidden_size), bool(cross_attention)
@@ -58,6 +67,7 @@ class DistributedAttentionLayer(DistributedModule):
             raise SMPConfigError(
                 f"{self.num_attention_heads} attention heads cannot be split over "
                 f"{self.tp_size()} tensor-parallel ranks: every rank needs at least one head")
+        self._set_rotary(rotary_dim, rotary_pct, rotary_emb_base)
         self._build_projections(None if not use_normal_initialization else initializer_range)
         self.dropout1 = ParallelDropout(attention_dropout_prob)
         self.dropout2 = ParallelDropout(hidden_dropout_prob)
@@ -77,6 +87,18 @@ class DistributedAttentionLayer(DistributedModule):
         heads = kwargs.get("num_attention_heads", args[0] if args else 32)
         return heads >= DistributedModule.tp_size()
 
+    def _set_rotary(self, rotary_dim, rotary_pct, base) -> None:
+        if rotary_dim is not None and rotary_pct is not None:
+            raise SMPConfigError("rotary_dim and rotary_pct are exclusive: give one of them")
+        self.rotary_interleaved = rotary_dim is not None
+        if rotary_pct is not None:
+            rotary_dim = int(self.attention_head_size * float(rotary_pct))
+        self.rotary_dim = int(rotary_dim) if rotary_dim else 0
+        if self.rotary_dim % 2 or self.rotary_dim > self.attention_head_size:
+            raise SMPConfigError(f"rotary_dim ({self.rotary_dim}) must be even and at most the "
+                                 f"attention head size ({self.attention_head_size})")
+        self.rotary_emb_base = float(base)
+
     def _build_projections(self, normal_std: float | None) -> None:
         width = self.num_attention_heads * self.attention_head_size
         heads = [h * self.attention_head_size for h in self.head_counts]
@@ -85,10 +107,11 @@ class DistributedAttentionLayer(DistributedModule):
             into, out_of = ("sharded", hidden, heads), ("sharded", heads, hidden)
         else:
             into, out_of = ("column", None, heads), ("row", heads, None)
-        self.query = ParallelLinear(self.hidden_size, width, *into, normal_std)
-        self.key = ParallelLinear(self.hidden_size, width, *into, normal_std)
-        self.value = ParallelLinear(self.hidden_size, width, *into, normal_std)
-        self.dense = ParallelLinear(width, self.hidden_size, *out_of, normal_std)
+        bias = self.attention_bias
+        self.query = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+        self.key = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+        self.value = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+        self.dense = ParallelLinear(width, self.hidden_size, *out_of, normal_std, bias)
 
     # -- the public forward: this rank's rows in and out ------------------------------------
     def forward(self, inputs):
@@ -106,7 +129,16 @@ class DistributedAttentionLayer(DistributedModule):
     # -- the computation in the block's layout -------------------------------------------
     def run(self, hidden: torch.Tensor, mask: torch.Tensor | None,
             cross: torch.Tensor | None = None) -> torch.Tensor:
-        normed = self.pre_layernorm(hidden) if self.pre_layernorm is not None else hidden
+        out = self.contribution(self.normalize(hidden), mask, cross) + hidden
+        return self.layernorm(out) if self.layernorm is not None else out
+
+    def normalize(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.pre_layernorm(hidden) if self.pre_layernorm is not None else hidden
+
+    def contribution(self, normed: torch.Tensor, mask: torch.Tensor | None,
+                     cross: torch.Tensor | None = None) -> torch.Tensor:
+        """What the layer adds to the residual stream: attention over ``normed`` (the
+        pre-normalised input), projected and dropped out."""
         source = cross if self.cross_attention else None
         if self.tp_size() > 1 and not self.layout.memory:
             # Column-parallel inputs: one copy each, so their gradients are summed once.
@@ -114,13 +146,12 @@ class DistributedAttentionLayer(DistributedModule):
             source = tp.copy_to(source) if source is not None else None
         if source is None:
             source = normed
-        context = self._attend(self._heads(self.query(normed)), self._heads(self.key(source)),
-                               self._heads(self.value(source)), mask)
-        out = self.dense(context)
-        out = self.dropout2(out, **self._hidden_shard())
-        if self.layernorm is not None:
-            return self.layernorm(out + hidden)
-        return out + hidden
+        q, k = self._heads(self.query(normed)), self._heads(self.key(source))
+        if self.rotary_dim:
+            q = rotary.rotate(q, self.rotary_dim, self.rotary_interleaved, self.rotary_emb_base)
+            k = rotary.rotate(k, self.rotary_dim, self.rotary_interleaved, self.rotary_emb_base)
+        context = self._attend(q, k, self._heads(self.value(source)), mask)
+        return self.dropout2(self.dense(context), **self._hidden_shard())
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, S, local_heads * head_size]`` -> ``[N, local_heads, S, head_size]``."""

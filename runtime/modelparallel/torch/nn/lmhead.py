@@ -7,7 +7,10 @@ hidden columns split over the TP group), ``position_embedding.weight``
 ``token_type_embedding.weight`` (``[num_token_types, hidden]``, whole) when
 ``num_token_types > 0``, ``transformer.seq_layers.<i>.*``, and ``layernorm`` (the final
 layer normalisation; by default present for pre-layernorm stacks, which otherwise end
-un-normalised). The head has no parameter of its own: ``logits = h @ word_embedding.weight^T``.
+un-normalised). The head has no parameter of its own: ``logits = h @ word_embedding.weight^T``;
+with ``tie_input_output_embedding=False`` it is ``lm_head.weight`` (``[vocab, hidden]``,
+hidden columns split like the word embedding's) and, with ``lm_head_bias``, ``lm_head.bias``
+(``[vocab]``, whole; GPT-J's).
 
 ``forward(inputs)``: ``inputs = (input_ids, attention_mask, token_type_ids, position_ids,
 labels)`` (cross-attention: ``cross_states, cross_mask`` before ``labels``); trailing items
@@ -33,11 +36,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from shoal.modelparallel.errors import SMPUnsupportedError
+from shoal.modelparallel.torch.nn import rotary
 from shoal.modelparallel.torch.nn.dropout import ParallelDropout
 from shoal.modelparallel.torch.nn.embedding import DistributedEmbedding
 from shoal.modelparallel.torch.nn.layout import Layout
 from shoal.modelparallel.torch.nn.module import DistributedModule
 from shoal.modelparallel.torch.nn.options import check_causal_mask, check_extra
+from shoal.modelparallel.torch.nn.projection import ParallelLinear
 from shoal.modelparallel.torch.nn.transformer import DistributedTransformer
 from shoal.modelparallel.torch.tensorparallel import collectives as tp
 
@@ -55,9 +61,11 @@ class DistributedTransformerLMHead(DistributedModule):
                  post_layernorm: bool = True, embedding_dropout_prob: float = 0.1,
                  use_positional_embedding: bool = True, final_layernorm: bool | None = None,
                  mask_value: float = -1e4, scale_attention_scores: bool = True,
-                 fp32_residual_addition: bool = False, **extra) -> None:
+                 fp32_residual_addition: bool = False,
+                 tie_input_output_embedding: bool = True, lm_head_bias: bool = False,
+                 **extra) -> None:
         super().__init__()
-        check_extra(type(self).__name__, extra)
+        check_extra(type(self).__name__, extra, passes_on=True)
         check_causal_mask(causal_mask_size, num_positions)
         self.hidden_size, self.vocab_size = int(hidden_size), int(vocab_size)
         self.add_cross_attention, self.add_lm_head = bool(add_cross_attention), bool(add_lm_head)
@@ -66,6 +74,8 @@ class DistributedTransformerLMHead(DistributedModule):
         std = initializer_range if use_normal_initialization else None
         self._build_embeddings(num_positions if use_positional_embedding else 0,
                                int(num_token_types), std)
+        self.tie_input_output_embedding = bool(tie_input_output_embedding)
+        self._build_head(bool(lm_head_bias), std)
         self.embedding_dropout = ParallelDropout(embedding_dropout_prob)
         self.transformer = DistributedTransformer(
             num_layers=num_layers, num_attention_heads=num_attention_heads,
@@ -92,6 +102,15 @@ class DistributedTransformerLMHead(DistributedModule):
         self.position_embedding = self._whole_embedding(positions, std) if positions else None
         self.token_type_embedding = self._whole_embedding(token_types, std) if token_types else None
 
+    def _build_head(self, bias: bool, std: float | None) -> None:
+        if self.tie_input_output_embedding:
+            if bias:
+                raise SMPUnsupportedError("lm_head_bias=True needs tie_input_output_embedding=False")
+            self.lm_head = None
+            return
+        self.lm_head = ParallelLinear(self.hidden_size, self.vocab_size, "row",
+                                      in_sizes=self.layout.hidden_sizes, normal_std=std, bias=bias)
+
     def _whole_embedding(self, rows: int, std: float | None) -> torch.nn.Embedding:
         table = torch.nn.Embedding(rows, self.hidden_size)
         if std is not None:
@@ -108,7 +127,9 @@ class DistributedTransformerLMHead(DistributedModule):
         if self.add_cross_attention:
             state = [state[0], layout.enter(cross) if cross is not None else None, state[1],
                      layout.enter_mask(self._additive(cross_mask), rows)]
-        hidden = self.transformer.seq_layers(tuple(state))[0]
+        rotary_positions = layout.enter_mask(positions, rows) if positions is not None else None
+        with rotary.given_positions(rotary_positions):
+            hidden = self.transformer.seq_layers(tuple(state))[0]
         if self.layernorm is not None:
             hidden = self.layernorm(hidden)
         if not self.add_lm_head:
@@ -153,16 +174,21 @@ class DistributedTransformerLMHead(DistributedModule):
         return mask[:, None, None, :].to(torch.get_default_dtype()) * self.mask_value
 
     def _logits(self, hidden: torch.Tensor, rows: int) -> torch.Tensor:
-        weight = self.word_embedding.weight
+        head = self.lm_head
+        weight = self.word_embedding.weight if head is None else head.weight
+        bias = None if head is None or head.bias is None else head.bias
         layout = self.layout
         if layout.tp_size == 1:
-            return F.linear(hidden, weight)
+            return F.linear(hidden, weight, bias)
         if not layout.memory:
             hidden = tp.scatter(hidden, -1, layout.hidden_sizes)
         partial = F.linear(hidden, weight)
         if layout.prescaled:
-            return tp.reduce_from(partial)
-        return tp.reduce_scatter(partial, 0, [rows] * layout.tp_size)
+            logits = tp.reduce_from(partial)
+        else:
+            logits = tp.reduce_scatter(partial, 0, [rows] * layout.tp_size)
+        # The bias is whole and added to this rank's rows: its gradient summed as the group's.
+        return logits + self._group_grad(bias) if bias is not None else logits
 
     @staticmethod
     def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,9 @@ through ``smp.model_creation`` / ``smp.tensor_parallelism``). Three kinds here:
 
 - implemented ones are ordinary parameters of the classes (``mask_value``,
   ``scale_attention_scores``, ``embedding_dropout_prob``, ``use_positional_embedding``,
-  ``final_layernorm``, ``fp32_residual_addition``);
+  ``final_layernorm``, ``fp32_residual_addition``, ``tie_input_output_embedding``); those
+  of a layer (``LAYER_OPTIONS``: rotary embeddings, a parallel attention/MLP residual, one
+  shared pre-layernorm, bias-free attention) are passed on by the stacks that hold layers;
 - ``NO_EFFECT``: accepted, nothing changes: they choose GPU kernels (fused softmax, fused
   bias-gelu, flash attention) or precision tricks whose result in float32 is the plain
   computation's;
@@ -36,14 +38,14 @@ NO_EFFECT: Mapping[str, str] = MappingProxyType({
 # name -> the default (the only value accepted).
 UNSUPPORTED: Mapping[str, Any] = MappingProxyType({
     "use_alibi": False,
-    "rotary_dim": None,
-    "parallel_attn_output": False,
     "scale_attn_by_layer_idx": False,
-    "single_pre_layernorm": False,
     "distribute_embedding": False,
-    "tie_input_output_embedding": True,
 })
 
+# Implemented by DistributedTransformerLayer (and its attention); the stacks pass them on.
+LAYER_OPTIONS = frozenset({"rotary_dim", "rotary_pct", "rotary_emb_base", "attention_bias",
+                           "parallel_attn_output", "single_pre_layernorm"})
+ACTIVATIONS = ("gelu", "relu", "gelu_new")
 LAYERNORM_MESSAGE = ("At least one of pre_layernorm, single_pre_layernorm and post_layernorm "
                      "must be True.")
 ACTIVATION_MESSAGE = ("Only relu and gelu activations are supported by DistributedTransformerOutput "
@@ -51,11 +53,12 @@ ACTIVATION_MESSAGE = ("Only relu and gelu activations are supported by Distribut
 FP32_RESIDUAL_MESSAGE = "fp32 residual addition only supports optimize == speed."
 
 
-def check_extra(owner: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+def check_extra(owner: str, extra: Mapping[str, Any], passes_on: bool = False) -> dict[str, Any]:
     """The keyword arguments beyond ``owner``'s own that it passes on to its parts; refuses
-    unknown names and unsupported values."""
+    unknown names and unsupported values (``passes_on``: the layers' own options too, which
+    the layers check)."""
     for name, value in extra.items():
-        if name in NO_EFFECT:
+        if name in NO_EFFECT or (passes_on and name in LAYER_OPTIONS):
             continue
         if name in UNSUPPORTED:
             if value != UNSUPPORTED[name]:
@@ -67,13 +70,15 @@ def check_extra(owner: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     return dict(extra)
 
 
-def check_layernorms(pre_layernorm: bool, post_layernorm: bool) -> None:
-    if not (pre_layernorm or post_layernorm):
+def check_layernorms(pre_layernorm: bool, post_layernorm: bool,
+                     single_pre_layernorm: bool = False) -> None:
+    if not (pre_layernorm or post_layernorm or single_pre_layernorm):
         raise SMPConfigError(LAYERNORM_MESSAGE)
 
 
 def check_activation(activation: str) -> None:
-    if activation not in ("gelu", "relu"):
+    # gelu_new: the tanh approximation of gelu (GPT-2's, GPT-J's).
+    if activation not in ACTIVATIONS:
         raise SMPConfigError(ACTIVATION_MESSAGE)
 
 

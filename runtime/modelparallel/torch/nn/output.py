@@ -11,7 +11,10 @@ to its hidden channels), LayerNorm distributed (see ``layout.py``).
 What it computes (SMP's documented reference): ``dense2(act(dense1(x')))`` with ``x'`` the
 input, pre-normalised with ``pre_layernorm``; dropout (``hidden_dropout_prob``); then
 ``layernorm(x + out)`` with ``post_layernorm``, else ``x + out`` (the residual kept, as in
-``attention.py``). ``act`` is exact gelu or relu.
+``attention.py``). ``act`` is exact gelu, relu, or ``gelu_new`` (gelu's tanh approximation,
+GPT-2's and GPT-J's). With ``single_pre_layernorm`` the block has no layer normalisation of
+its own: its input is the attention's pre-normalised one (``DistributedTransformerLayer``
+with ``parallel_attn_output``, GPT-J's).
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ class DistributedTransformerOutputLayer(DistributedModule):
                  layernorm_epsilon: float = 1e-5, initializer_range: float = 0.02,
                  use_normal_initialization: bool = False, pre_layernorm: bool = False,
                  post_layernorm: bool = True, fp32_residual_addition: bool = False,
-                 **extra) -> None:
+                 single_pre_layernorm: bool = False, **extra) -> None:
         super().__init__()
         check_extra(type(self).__name__, extra)
         check_activation(activation)
-        check_layernorms(pre_layernorm, post_layernorm)
+        check_layernorms(pre_layernorm, post_layernorm, single_pre_layernorm)
         self.hidden_size, self.intermediate_size = int(hidden_size), int(intermediate_size)
         self.activation = activation
         self.layout = Layout(self.hidden_size)
@@ -57,7 +60,8 @@ class DistributedTransformerOutputLayer(DistributedModule):
         self._build_projections(initializer_range if use_normal_initialization else None)
         self.dropout = ParallelDropout(hidden_dropout_prob)
         eps = float(layernorm_epsilon)
-        self.pre_layernorm = self.layout.layernorm(eps) if pre_layernorm else None
+        own_pre = pre_layernorm and not single_pre_layernorm
+        self.pre_layernorm = self.layout.layernorm(eps) if own_pre else None
         self.layernorm = self.layout.layernorm(eps) if post_layernorm else None
 
     @classmethod
@@ -81,22 +85,30 @@ class DistributedTransformerOutputLayer(DistributedModule):
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """The computation in the block's layout."""
-        normed = self.pre_layernorm(x) if self.pre_layernorm is not None else x
-        if self.tp_size() > 1 and not self.layout.memory:
-            normed = tp.copy_to(normed)  # column-parallel input: gradients summed over ranks
-        inner = self.dense1(normed)
-        inner = F.gelu(inner) if self.activation == "gelu" else F.relu(inner)
-        out = self.dense2(inner)
-        if self.layout.memory:
-            out = self.dropout(out, shard_dim=-1, sizes=self.layout.hidden_sizes,
-                               rank=self.tp_rank())
-        else:
-            out = self.dropout(out)
+        out = self.contribution(self.normalize(x))
         if self.fp32_residual_addition:
             total = (x.float() + out.float()).to(x.dtype)
         else:
             total = x + out
         return self.layernorm(total) if self.layernorm is not None else total
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pre_layernorm(x) if self.pre_layernorm is not None else x
+
+    def contribution(self, normed: torch.Tensor) -> torch.Tensor:
+        """What the block adds to the residual stream: the MLP of ``normed``, dropped out."""
+        if self.tp_size() > 1 and not self.layout.memory:
+            normed = tp.copy_to(normed)  # column-parallel input: gradients summed over ranks
+        inner = self.dense1(normed)
+        if self.activation == "gelu_new":
+            inner = F.gelu(inner, approximate="tanh")
+        else:
+            inner = F.gelu(inner) if self.activation == "gelu" else F.relu(inner)
+        out = self.dense2(inner)
+        if self.layout.memory:
+            return self.dropout(out, shard_dim=-1, sizes=self.layout.hidden_sizes,
+                                rank=self.tp_rank())
+        return self.dropout(out)
 
     def extra_repr(self) -> str:
         return (f"hidden={self.hidden_size}, intermediate={self.intermediate_size}, "

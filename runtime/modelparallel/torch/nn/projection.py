@@ -31,7 +31,7 @@ KINDS = ("column", "row", "sharded")
 class ParallelLinear(DistributedModule):
     def __init__(self, in_features: int, out_features: int, kind: str,
                  in_sizes: Sequence[int] | None = None, out_sizes: Sequence[int] | None = None,
-                 normal_std: float | None = None) -> None:
+                 normal_std: float | None = None, bias: bool = True) -> None:
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -46,7 +46,9 @@ class ParallelLinear(DistributedModule):
         else:
             self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_sizes[rank]))
             self.distribute("weight", 1, self.in_features, self.in_sizes)
-        if kind == "row":
+        if not bias:  # GPT-J's attention projections have none
+            self.register_parameter("bias", None)
+        elif kind == "row":
             self.bias = torch.nn.Parameter(torch.empty(self.out_features))
         else:
             self.bias = torch.nn.Parameter(torch.empty(self.out_sizes[rank]))
@@ -60,10 +62,13 @@ class ParallelLinear(DistributedModule):
         if normal_std is not None:
             self.init_shard(self.weight, "weight", full,
                             lambda w: torch.nn.init.normal_(w, 0.0, normal_std))
-            torch.nn.init.zeros_(self.bias)
+            if self.bias is not None:
+                torch.nn.init.zeros_(self.bias)
             return
         self.init_shard(self.weight, "weight", full,
                         lambda w: torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5)))
+        if self.bias is None:
+            return
         bound = 1 / math.sqrt(self.in_features) if self.in_features else 0.0
         self.init_shard(self.bias, "bias", (self.out_features,),
                         lambda b: torch.nn.init.uniform_(b, -bound, bound))
@@ -73,8 +78,10 @@ class ParallelLinear(DistributedModule):
             return F.linear(x, self.weight, self.bias)
         partial = F.linear(x, self.weight)
         if self.kind == "row":
-            return tp.reduce_from(partial) + self.bias
-        return tp.reduce_scatter(partial, -1, self.out_sizes) + self.bias
+            out = tp.reduce_from(partial)
+        else:
+            out = tp.reduce_scatter(partial, -1, self.out_sizes)
+        return out + self.bias if self.bias is not None else out
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

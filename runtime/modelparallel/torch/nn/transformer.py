@@ -12,11 +12,17 @@ with the new hidden states. Between the layers of a stack the tuple stays in the
 layout (``layout.py``): the first layer enters it (gathering rows or trading them for hidden
 channels), the last leaves it, so the stack pays that exchange once, not once per layer.
 ``seq_layers`` can still be run (or checkpointed) child by child.
+
+``parallel_attn_output`` (GPT-J, GPT-NeoX): the attention and the MLP both read the layer's
+input and their outputs are added to it, ``x + attn(ln1(x)) + mlp(ln2(x))``, instead of the
+MLP reading the attention's result; with ``single_pre_layernorm`` (GPT-J) both read the same
+``ln1(x)``. The attention's own options (rotary embeddings, ``attention_bias``) pass through.
 """
 
 from __future__ import annotations
 
 import torch
+from shoal.modelparallel.errors import SMPUnsupportedError
 from shoal.modelparallel.torch.nn.attention import DistributedAttentionLayer
 from shoal.modelparallel.torch.nn.module import DistributedModule
 from shoal.modelparallel.torch.nn.options import check_activation, check_extra, check_layernorms
@@ -32,11 +38,18 @@ class DistributedTransformerLayer(DistributedModule):
                  causal_mask_size: int | None = None, add_cross_attention: bool = False,
                  pre_layernorm: bool = False, post_layernorm: bool = True,
                  mask_value: float = -1e4, scale_attention_scores: bool = True,
-                 fp32_residual_addition: bool = False, **extra) -> None:
+                 fp32_residual_addition: bool = False, parallel_attn_output: bool = False,
+                 single_pre_layernorm: bool = False, rotary_dim: int | None = None,
+                 rotary_pct: float | None = None, rotary_emb_base: float = 10000.0,
+                 attention_bias: bool = True, **extra) -> None:
         super().__init__()
         check_extra(type(self).__name__, extra)
         check_activation(activation)
-        check_layernorms(pre_layernorm, post_layernorm)
+        check_layernorms(pre_layernorm, post_layernorm, single_pre_layernorm)
+        self._check_parallel(parallel_attn_output, single_pre_layernorm, post_layernorm,
+                             add_cross_attention, fp32_residual_addition)
+        self.parallel_attn_output = bool(parallel_attn_output)
+        self.single_pre_layernorm = bool(single_pre_layernorm)
         self.add_cross_attention = bool(add_cross_attention)
         common = dict(num_attention_heads=num_attention_heads,
                       attention_head_size=attention_head_size, hidden_size=hidden_size,
@@ -47,7 +60,10 @@ class DistributedTransformerLayer(DistributedModule):
                       pre_layernorm=pre_layernorm, post_layernorm=post_layernorm,
                       mask_value=mask_value, scale_attention_scores=scale_attention_scores,
                       **extra)
-        self.attention = DistributedAttentionLayer(causal_mask_size=causal_mask_size, **common)
+        common["pre_layernorm"] = pre_layernorm or single_pre_layernorm
+        self.attention = DistributedAttentionLayer(
+            causal_mask_size=causal_mask_size, rotary_dim=rotary_dim, rotary_pct=rotary_pct,
+            rotary_emb_base=rotary_emb_base, attention_bias=attention_bias, **common)
         if self.add_cross_attention:
             self.cross_attention = DistributedAttentionLayer(cross_attention=True, **common)
         self.output = DistributedTransformerOutputLayer(
@@ -56,7 +72,7 @@ class DistributedTransformerLayer(DistributedModule):
             layernorm_epsilon=layernorm_epsilon, initializer_range=initializer_range,
             use_normal_initialization=use_normal_initialization, pre_layernorm=pre_layernorm,
             post_layernorm=post_layernorm, fp32_residual_addition=fp32_residual_addition,
-            **extra)
+            single_pre_layernorm=single_pre_layernorm, **extra)
         self.layout = self.attention.layout
         # Whether this layer's input / output is this rank's rows (else the block layout).
         self.enters_layout = True
@@ -71,6 +87,16 @@ class DistributedTransformerLayer(DistributedModule):
                     hidden_size=given.get("hidden_size", 1024),
                     intermediate_size=given.get("intermediate_size", 4096)))
 
+    @staticmethod
+    def _check_parallel(parallel, single, post, cross, fp32_residual) -> None:
+        if single and not parallel:
+            raise SMPUnsupportedError("single_pre_layernorm=True needs parallel_attn_output=True "
+                                      "(the MLP reads the attention's normalised input)")
+        if parallel and (post or cross or fp32_residual):
+            raise SMPUnsupportedError(
+                "parallel_attn_output=True is supported with pre-layernorm only, without "
+                "post_layernorm, cross-attention or fp32_residual_addition")
+
     def forward(self, inputs):
         if self.add_cross_attention:
             hidden, cross, mask, cross_mask = inputs
@@ -79,10 +105,7 @@ class DistributedTransformerLayer(DistributedModule):
         given = (hidden, cross, mask, cross_mask)
         if self.enters_layout:
             hidden, cross, mask, cross_mask = self._enter(hidden, cross, mask, cross_mask)
-        out = self.attention.run(hidden, mask)
-        if self.add_cross_attention:
-            out = self.cross_attention.run(out, cross_mask, cross)
-        out = self.output.run(out)
+        out = self._run(hidden, mask, cross, cross_mask)
         if self.leaves_layout:
             out = self.layout.leave(out)
             if self.enters_layout:
@@ -92,6 +115,18 @@ class DistributedTransformerLayer(DistributedModule):
         if self.add_cross_attention:
             return out, cross, mask, cross_mask
         return out, mask
+
+    def _run(self, hidden, mask, cross, cross_mask):
+        """The layer in the block's layout."""
+        if self.parallel_attn_output:
+            normed = self.attention.normalize(hidden)
+            attended = self.attention.contribution(normed, mask)
+            mlp_in = normed if self.single_pre_layernorm else self.output.normalize(hidden)
+            return self.output.contribution(mlp_in) + attended + hidden
+        out = self.attention.run(hidden, mask)
+        if self.add_cross_attention:
+            out = self.cross_attention.run(out, cross_mask, cross)
+        return self.output.run(out)
 
     def _enter(self, hidden, cross, mask, cross_mask):
         layout, rows = self.layout, hidden.shape[0]
@@ -115,7 +150,7 @@ class DistributedTransformer(DistributedModule):
                  post_layernorm: bool = True, **extra) -> None:
         super().__init__()
         check_activation(activation)
-        check_layernorms(pre_layernorm, post_layernorm)
+        check_layernorms(pre_layernorm, post_layernorm, extra.get("single_pre_layernorm", False))
         self.num_layers = int(num_layers)
         layer_args = dict(
             num_attention_heads=num_attention_heads, attention_head_size=attention_head_size,

@@ -47,6 +47,8 @@ class Registration:
     init_hook: Callable | None = None
     forward_hook: Callable | None = None
     return_hook: Callable | None = None
+    # The original's state dict -> the distributed module's full one (names differ: HF).
+    translate: Callable | None = None
 
 
 @attrs.frozen
@@ -67,13 +69,15 @@ def registration(module_type: type) -> Registration | None:
 
 
 def tp_register_with_module(module_cls: type, dist_module: type, init_hook=None,
-                            forward_hook=None, return_hook=None) -> None:
-    """Registers ``dist_module`` as the distributed form of ``module_cls``."""
+                            forward_hook=None, return_hook=None, *, translate=None) -> None:
+    """Registers ``dist_module`` as the distributed form of ``module_cls`` (``translate``:
+    the original's state dict to the distributed module's names, for the weights' copy)."""
     if not (isinstance(dist_module, type) and issubclass(dist_module, DistributedModule)):
         raise TPModuleRegisterError(
             "Can only register a sub-class of smp.nn.DistributedModule. Found "
             f"{getattr(dist_module, '__name__', dist_module)}.")
-    _REGISTRY[module_cls] = Registration(dist_module, init_hook, forward_hook, return_hook)
+    _REGISTRY[module_cls] = Registration(dist_module, init_hook, forward_hook, return_hook,
+                                         translate)
     if module_cls not in _BUILT_IN_ARGS:
         _record_init_args(module_cls)
 
@@ -255,7 +259,7 @@ def _replacement(module: torch.nn.Module, path: str, holders) -> torch.nn.Module
         return None
     with _default_dtype(_dtype_of(module)):  # as created (smp.model_creation's dtype)
         new = reg.dist_module(*args, **kwargs)
-    _copy_weights(module, new)
+    _copy_weights(module, new, reg.translate)
     _install_hooks(new, reg)
     new.train(module.training)
     log.info("tensor parallelism: %s (%s) -> %s", path or "the model",
@@ -298,19 +302,24 @@ def _accepted(cls: type, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-def _copy_weights(original: torch.nn.Module, new: DistributedModule) -> None:
+def _copy_weights(original: torch.nn.Module, new: DistributedModule,
+                  translate: Callable | None = None) -> None:
     """The original's parameters and buffers into ``new``'s shards, where name and full
-    shape match (a distributed module may translate names itself: ``load_original``)."""
+    shape match (a distributed module may translate names itself: ``load_original``; a
+    registration may translate the original's state dict: ``translate``)."""
     if hasattr(new, "load_original"):
         new.load_original(original)
         return
+    state = original.state_dict()
+    if translate is not None:
+        state = translate(state)
     targets = dict(new.named_parameters())
     targets.update(new.named_buffers())
-    for name, tensor in original.state_dict().items():
-        owner_name, _, leaf = name.rpartition(".")
-        owner = new.get_submodule(owner_name) if owner_name else new
+    for name, tensor in state.items():
         if name not in targets or tensor.is_meta:
             continue
+        owner_name, _, leaf = name.rpartition(".")
+        owner = new.get_submodule(owner_name) if owner_name else new
         split = owner.split_of(leaf) if isinstance(owner, DistributedModule) else None
         full_shape = list(targets[name].shape)
         if split is not None:

@@ -1,5 +1,9 @@
 """A small transformer language model trained with SageMaker's model parallel library (SMP v1
-API): pipeline parallel over the model's blocks, data parallel over the pipelines.
+API): pipeline parallel over the model's blocks, data parallel over the pipelines, and, with
+``tensor_parallel_degree`` > 1, tensor parallel: the model is created inside
+``smp.tensor_parallelism()``, so its MLPs' linear layers become ``smp.nn.DistributedLinear``
+and its position embedding ``smp.nn.DistributedEmbedding`` (the tied token embedding and
+output layer share a weight, so SMP leaves them whole).
 
 The script is written as for SageMaker (``import smdistributed.modelparallel.torch as smp``);
 on Shoal it runs unchanged, locally or on SageMaker. The tokens are generated: each sequence
@@ -82,11 +86,17 @@ def main():
 
     smp.init()
     torch.manual_seed(1234)  # every rank builds the same model
-    model = TinyGPT(args.vocab, args.width, 4, args.layers, args.length)
+    with smp.tensor_parallelism(enabled=smp.tp_size() > 1):
+        model = TinyGPT(args.vocab, args.width, 4, args.layers, args.length)
     model = smp.DistributedModel(model)
     optimizer = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr))
+    if smp.rank() == 0 and smp.tp_size() > 1:
+        kinds = sorted({type(m).__name__ for m in model.distributed_modules()})
+        print(f"tensor parallel: {len(model.distributed_modules())} modules distributed "
+              f"({', '.join(kinds)})", flush=True)
 
-    # Each data-parallel replica trains on its own stream of batches.
+    # Each data-parallel rank trains on its own stream of batches (with tensor parallelism,
+    # each rank of a TP group too: SMP's default, without prescaled_batch).
     loss = None
     for step, sequences in enumerate(batches(args.steps, args.batch_size, args.length,
                                              args.vocab, seed=smp.dp_rank())):
@@ -100,13 +110,15 @@ def main():
     final = sum(losses) / len(losses)
     if smp.rank() == 0:
         print(f"final loss {final:.4f} (guessing: {math.log(args.vocab):.4f}); "
-              f"pipeline {smp.pp_size()} x data parallel {smp.dp_size()}", flush=True)
-    if smp.dp_rank() == 0:  # one copy of each partition
+              f"pipeline {smp.pp_size()} x tensor {smp.tp_size()} x data parallel "
+              f"{smp.rdp_size()} ({smp.dp_size()} data-parallel ranks)", flush=True)
+    if smp.rdp_rank() == 0:  # one copy of each partition: {pp_rank}_{tp_rank}
         os.makedirs(args.model_dir, exist_ok=True)
         smp.save(model.local_state_dict(), os.path.join(args.model_dir, "model.pt"), partial=True)
-        if smp.pp_rank() == 0:
+        if smp.pp_rank() == 0 and smp.tp_rank() == 0:
             with open(os.path.join(args.model_dir, "metrics.json"), "w") as f:
-                json.dump({"loss": final, "pp": smp.pp_size(), "dp": smp.dp_size()}, f)
+                json.dump({"loss": final, "pp": smp.pp_size(), "tp": smp.tp_size(),
+                           "dp": smp.dp_size()}, f)
     smp.barrier()
 
 

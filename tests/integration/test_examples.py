@@ -98,7 +98,33 @@ def test_model_parallel_example_pipeline_2_by_data_parallel_2_on_2_hosts(tmp_pat
         names = set(tar.getnames())
         metrics = json.load(tar.extractfile("metrics.json"))
     assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
-    assert metrics["pp"] == 2 and metrics["dp"] == 2
+    assert metrics["pp"] == 2 and metrics["dp"] == 2 and metrics["tp"] == 1
+    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+
+
+@pytest.mark.torch
+def test_model_parallel_example_tensor_2_by_pipeline_2_job_file(tmp_path, monkeypatch):
+    """The same example's tensor-parallel job file through ``shoal run``: tensor 2 x pipeline 2
+    on 2 hosts x 2 processes; the MLPs' linear layers and the position embedding are
+    distributed, the loss falls well below guessing's and the archive holds one file per
+    (pipeline, tensor) partition."""
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SHOAL_CONFIG", raising=False)
+    job = EXAMPLES / "smdistributed_modelparallel" / "job_tensor_parallel.yaml"
+    shoal_cli = Path(sys.executable).with_name("shoal")
+    done = subprocess.run([str(shoal_cli), "run", str(job), "--job-name", "example-tp",
+                           "--output-path", (tmp_path / "out").as_uri()],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = (tmp_path / "jobs" / "example-tp" / "logs.txt").read_text()
+    assert "pipeline 2 x tensor 2 x data parallel 1 (2 data-parallel ranks)" in log, log[-3000:]
+    assert "tensor parallel: 9 modules distributed (DistributedEmbedding, DistributedLinear)" in log, log[-3000:]
+    with tarfile.open(tmp_path / "out" / "example-tp" / "output" / "model.tar.gz") as tar:
+        names = set(tar.getnames())
+        metrics = json.load(tar.extractfile("metrics.json"))
+    assert {f"model.pt_{pp}_{tp}.pt" for pp in (0, 1) for tp in (0, 1)} <= names, names
+    assert (metrics["pp"], metrics["tp"], metrics["dp"]) == (2, 2, 2), metrics
     assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
 
 

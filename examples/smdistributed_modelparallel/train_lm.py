@@ -112,6 +112,12 @@ def main():
         print(f"final loss {final:.4f} (guessing: {math.log(args.vocab):.4f}); "
               f"pipeline {smp.pp_size()} x tensor {smp.tp_size()} x data parallel "
               f"{smp.rdp_size()} ({smp.dp_size()} data-parallel ranks)", flush=True)
+    # The whole model, gathered from every pipeline and tensor-parallel rank (a collective:
+    # every rank calls it), for use outside the job; rank 0 writes it.
+    full = model.state_dict()
+    if smp.rank() == 0:
+        os.makedirs(args.model_dir, exist_ok=True)
+        smp.save(full, os.path.join(args.model_dir, "model_full.pt"), partial=False)
     if smp.rdp_rank() == 0:  # one copy of each partition: {pp_rank}_{tp_rank}
         os.makedirs(args.model_dir, exist_ok=True)
         smp.save(model.local_state_dict(), os.path.join(args.model_dir, "model.pt"), partial=True)

@@ -43,6 +43,8 @@ def test_pytorch_model_parallel_notebook(tmp_path, monkeypatch):
     monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
     text = outputs(run_notebook(NOTEBOOKS / "pytorch_model_parallel.ipynb"))
     assert "next-token accuracy" in text and "model.tar.gz" in text
+    assert "tensor x pipeline next-token accuracy" in text
+    assert "'model.pt_1_1.pt'" in text and "'model_full.pt'" in text
 
 
 def test_boto3_endpoint_notebook(tmp_path, monkeypatch):

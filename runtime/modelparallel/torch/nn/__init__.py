@@ -15,4 +15,7 @@ from shoal.modelparallel.torch.nn.transformer import (
 __all__ = ["DistributedModule", "DistributedLinear", "DistributedEmbedding",
            "DistributedLayerNorm", "FusedLayerNorm", "DistributedAttentionLayer",
            "DistributedTransformerOutputLayer", "DistributedTransformerLayer",
-           "DistributedTransformer", "DistributedTransformerLMHead"]
+           "DistributedTransformer", "DistributedTransformerLMHead", "huggingface"]
+
+# Last: it may register Hugging Face classes already imported, which needs the modules above.
+from shoal.modelparallel.torch.nn import huggingface  # noqa: E402 - transformers stays optional

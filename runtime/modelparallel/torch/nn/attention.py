@@ -23,7 +23,11 @@ Cross-attention takes keys and values from ``cross_states`` (not normalised).
 Beyond the documented arguments: ``rotary_dim`` (GPT-J: that many channels of each head
 rotated, interleaved pairs) or ``rotary_pct`` (GPT-NeoX: that share of each head, halves
 paired), with ``rotary_emb_base``, rotate queries and keys by position (``rotary.py``);
-``attention_bias=False`` drops the biases of the four projections (GPT-J).
+``attention_bias=False`` drops the biases of the four projections (GPT-J);
+``fused_qkv_per_head`` (GPT-NeoX's layout, self-attention only) replaces ``query``, ``key``,
+``value`` by one ``query_key_value`` (``hidden -> 3 * heads * head_size``) whose outputs are
+grouped by head, ``[q_h, k_h, v_h]`` for each head h: split by heads it is a plain cut of its
+rows, each rank's rows its heads' queries, keys and values.
 """
 
 from __future__ import annotations
@@ -52,11 +56,14 @@ class DistributedAttentionLayer(DistributedModule):
                  mask_value: float = -1e4, scale_attention_scores: bool = True,
                  rotary_dim: int | None = None, rotary_pct: float | None = None,
                  rotary_emb_base: float = 10000.0, attention_bias: bool = True,
-                 **extra) -> None:
+                 fused_qkv_per_head: bool = False, **extra) -> None:
         super().__init__()
         check_extra(type(self).__name__, extra)
         check_layernorms(pre_layernorm, post_layernorm)
         self.attention_bias = bool(attention_bias)
+        self.fused_qkv_per_head = bool(fused_qkv_per_head)
+        if self.fused_qkv_per_head and cross_attention:
+            raise SMPConfigError("fused_qkv_per_head is for self-attention only")
         self.num_attention_heads, self.attention_head_size = int(num_attention_heads), \
             int(attention_head_size)
         self.hidden_size, self.cross_attention = int(hidden_size), bool(cross_attention)
@@ -108,9 +115,14 @@ class DistributedAttentionLayer(DistributedModule):
         else:
             into, out_of = ("column", None, heads), ("row", heads, None)
         bias = self.attention_bias
-        self.query = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
-        self.key = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
-        self.value = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+        if self.fused_qkv_per_head:
+            kind, in_sizes, out_sizes = into
+            self.query_key_value = ParallelLinear(self.hidden_size, 3 * width, kind, in_sizes,
+                                                  [3 * h for h in out_sizes], normal_std, bias)
+        else:
+            self.query = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+            self.key = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
+            self.value = ParallelLinear(self.hidden_size, width, *into, normal_std, bias)
         self.dense = ParallelLinear(width, self.hidden_size, *out_of, normal_std, bias)
 
     # -- the public forward: this rank's rows in and out ------------------------------------
@@ -146,12 +158,21 @@ class DistributedAttentionLayer(DistributedModule):
             source = tp.copy_to(source) if source is not None else None
         if source is None:
             source = normed
-        q, k = self._heads(self.query(normed)), self._heads(self.key(source))
+        q, k, v = self._qkv(normed, source)
         if self.rotary_dim:
             q = rotary.rotate(q, self.rotary_dim, self.rotary_interleaved, self.rotary_emb_base)
             k = rotary.rotate(k, self.rotary_dim, self.rotary_interleaved, self.rotary_emb_base)
-        context = self._attend(q, k, self._heads(self.value(source)), mask)
+        context = self._attend(q, k, v, mask)
         return self.dropout2(self.dense(context), **self._hidden_shard())
+
+    def _qkv(self, normed: torch.Tensor, source: torch.Tensor):
+        """Queries, keys and values, each ``[N, local_heads, S, head_size]``."""
+        if not self.fused_qkv_per_head:
+            return (self._heads(self.query(normed)), self._heads(self.key(source)),
+                    self._heads(self.value(source)))
+        n, s = normed.shape[0], normed.shape[1]
+        grouped = self.query_key_value(normed).view(n, s, -1, 3, self.attention_head_size)
+        return tuple(grouped[:, :, :, j].permute(0, 2, 1, 3) for j in range(3))
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """``[N, S, local_heads * head_size]`` -> ``[N, local_heads, S, head_size]``."""

@@ -44,7 +44,8 @@ UNSUPPORTED: Mapping[str, Any] = MappingProxyType({
 
 # Implemented by DistributedTransformerLayer (and its attention); the stacks pass them on.
 LAYER_OPTIONS = frozenset({"rotary_dim", "rotary_pct", "rotary_emb_base", "attention_bias",
-                           "parallel_attn_output", "single_pre_layernorm"})
+                           "parallel_attn_output", "single_pre_layernorm",
+                           "fused_qkv_per_head"})
 ACTIVATIONS = ("gelu", "relu", "gelu_new")
 LAYERNORM_MESSAGE = ("At least one of pre_layernorm, single_pre_layernorm and post_layernorm "
                      "must be True.")

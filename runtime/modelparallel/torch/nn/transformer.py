@@ -16,7 +16,8 @@ channels), the last leaves it, so the stack pays that exchange once, not once pe
 ``parallel_attn_output`` (GPT-J, GPT-NeoX): the attention and the MLP both read the layer's
 input and their outputs are added to it, ``x + attn(ln1(x)) + mlp(ln2(x))``, instead of the
 MLP reading the attention's result; with ``single_pre_layernorm`` (GPT-J) both read the same
-``ln1(x)``. The attention's own options (rotary embeddings, ``attention_bias``) pass through.
+``ln1(x)``. The attention's own options (rotary embeddings, ``attention_bias``,
+``fused_qkv_per_head``) pass through.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class DistributedTransformerLayer(DistributedModule):
                  fp32_residual_addition: bool = False, parallel_attn_output: bool = False,
                  single_pre_layernorm: bool = False, rotary_dim: int | None = None,
                  rotary_pct: float | None = None, rotary_emb_base: float = 10000.0,
-                 attention_bias: bool = True, **extra) -> None:
+                 attention_bias: bool = True, fused_qkv_per_head: bool = False,
+                 **extra) -> None:
         super().__init__()
         check_extra(type(self).__name__, extra)
         check_activation(activation)
@@ -63,7 +65,8 @@ class DistributedTransformerLayer(DistributedModule):
         common["pre_layernorm"] = pre_layernorm or single_pre_layernorm
         self.attention = DistributedAttentionLayer(
             causal_mask_size=causal_mask_size, rotary_dim=rotary_dim, rotary_pct=rotary_pct,
-            rotary_emb_base=rotary_emb_base, attention_bias=attention_bias, **common)
+            rotary_emb_base=rotary_emb_base, attention_bias=attention_bias,
+            fused_qkv_per_head=fused_qkv_per_head, **common)
         if self.add_cross_attention:
             self.cross_attention = DistributedAttentionLayer(cross_attention=True, **common)
         self.output = DistributedTransformerOutputLayer(

@@ -77,7 +77,7 @@ def forward_hook(hidden_states, attention_mask=None, head_mask=None, encoder_hid
                   cache=cache, use_cache=use_cache, output_attentions=output_attentions,
                   output_hidden_states=output_hidden_states)
     common.refuse_extra("encoder", {**kwargs, "return_dict": return_dict})
-    return ((hidden_states, common.additive_mask(attention_mask)),), {}
+    return ((hidden_states, common.additive_mask(attention_mask, hidden_states)),), {}
 
 
 def return_hook(outputs):

@@ -96,25 +96,30 @@ def refuse_extra(model: str, kwargs: Mapping) -> None:
             refuse(model, **{name: value})
 
 
-def smp_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """HF's ``[N, S]`` mask (1 = attend) -> SMP's (1 = masked)."""
+def smp_padding_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """HF's ``[N, S]`` mask (1 = attend) -> SMP's (1 = masked). Never None: the TP peers
+    gather their masks, so each must bring one (a rank without padding too)."""
     if attention_mask is None:
-        return None
+        return torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)
     if attention_mask.dim() != 2:
         raise SMPUnsupportedError("only [batch, sequence] attention masks are supported by the "
                                   "distributed language model")
     return (attention_mask == 0).to(torch.long)
 
 
-def additive_mask(mask: torch.Tensor | None, mask_value: float = -1e4) -> torch.Tensor | None:
-    """An encoder's mask as the distributed layers take it: added to the scores. HF's
-    models hand their encoders a 4-D float mask (already additive) or a boolean one (True
-    = attend)."""
-    if mask is None or mask.is_floating_point():
-        return mask
+def additive_mask(mask: torch.Tensor | None, hidden_states: torch.Tensor,
+                  mask_value: float = -1e4) -> torch.Tensor:
+    """An encoder's mask as the distributed layers take it: ``[N, 1, S, S]``, added to the
+    scores. HF's models hand their encoders a 4-D float mask (already additive), a boolean
+    one (True = attend), or None where nothing is padded; one shape whatever came, because
+    the TP peers gather their masks (a rank without padding brings zeros)."""
+    n, s = hidden_states.shape[0], hidden_states.shape[1]
+    dtype = hidden_states.dtype
+    if mask is None:
+        return torch.zeros(n, 1, s, s, dtype=dtype, device=hidden_states.device)
+    if mask.dim() == 2:  # an integer 0/1 mask (1 = attend) of [N, S]
+        mask = mask[:, None, None, :].to(torch.bool)
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=torch.get_default_dtype()).masked_fill(
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             ~mask, mask_value)
-    # An integer 0/1 mask (1 = attend) of [N, S].
-    keep = mask if mask.dim() == 4 else mask[:, None, None, :]
-    return (1.0 - keep.to(torch.get_default_dtype())) * mask_value
+    return mask.to(dtype).expand(n, 1, s, s).contiguous()

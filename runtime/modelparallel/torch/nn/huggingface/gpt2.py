@@ -148,7 +148,7 @@ def forward_hook(input_ids=None, past_key_values=None, attention_mask=None, toke
                   encoder_hidden_states=encoder_hidden_states,
                   encoder_attention_mask=encoder_attention_mask, logits_to_keep=logits_to_keep)
     common.refuse_extra("GPT-2", {**kwargs, "return_dict": return_dict})
-    inputs = (input_ids, common.smp_padding_mask(attention_mask), None, position_ids, labels)
+    inputs = (input_ids, common.smp_padding_mask(attention_mask, input_ids), None, position_ids, labels)
     return (inputs,), {}
 
 

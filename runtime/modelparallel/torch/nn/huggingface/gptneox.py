@@ -119,7 +119,7 @@ def forward_hook(input_ids=None, attention_mask=None, position_ids=None, inputs_
                   output_hidden_states=output_hidden_states, token_type_ids=token_type_ids,
                   logits_to_keep=logits_to_keep)
     common.refuse_extra("GPT-NeoX", {**kwargs, "return_dict": return_dict})
-    inputs = (input_ids, common.smp_padding_mask(attention_mask), None, position_ids, labels)
+    inputs = (input_ids, common.smp_padding_mask(attention_mask, input_ids), None, position_ids, labels)
     return (inputs,), {}
 
 

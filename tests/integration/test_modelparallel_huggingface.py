@@ -1,6 +1,6 @@
 """Hugging Face models under tensor parallelism 2 (the real mpirun, 2 ranks): a tiny GPT-2,
 BERT, GPT-NeoX and GPT-J created inside ``smp.model_creation(tensor_parallelism=True)``,
-wrapped by ``smp.DistributedModel`` (their supported module replaced by SMP's distributed
+wrapped by ``smp.DistributedModel`` (``optimize: speed``; GPT-J also ``memory``) (their supported module replaced by SMP's distributed
 transformer, weights translated), trained 3 SGD steps by plain forward/backward, each TP rank
 on its rows of the global batch. The losses equal those of the Hugging Face model trained in
 one process on the global batch (relative 1e-5), and the gathered state dict, translated
@@ -82,8 +82,8 @@ def worker() -> None:
     import smdistributed.modelparallel.torch as smp
     import torch
 
-    family = os.environ["HF_FAMILY"]
-    smp.init({"tensor_parallel_degree": 2, "ddp": True})
+    family, optimize = os.environ["HF_FAMILY"], os.environ["HF_OPTIMIZE"]
+    smp.init({"tensor_parallel_degree": 2, "ddp": True, "optimize": optimize})
     config, make, loss_of, to_hf, path = build(family)
     torch.manual_seed(1)
     with smp.model_creation(tensor_parallelism=True):
@@ -120,10 +120,12 @@ def worker() -> None:
           flush=True)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "bert", "gptneox", "gptj"])
-def test_hf_model_at_tp2_matches_one_process(family):
+@pytest.mark.parametrize("family,optimize", [("gpt2", "speed"), ("bert", "speed"),
+                                             ("gptneox", "speed"), ("gptj", "speed"),
+                                             ("gptj", "memory")])
+def test_hf_model_at_tp2_matches_one_process(family, optimize):
     pytest.importorskip("transformers", reason="the Hugging Face translations need transformers")
-    run_mpi(2, {"HF_FAMILY": family}, script=HERE, timeout=300)
+    run_mpi(2, {"HF_FAMILY": family, "HF_OPTIMIZE": optimize}, script=HERE, timeout=300)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

@@ -1,7 +1,7 @@
 """Hugging Face models under tensor parallelism 2 (the real mpirun, 2 ranks): a tiny GPT-2,
 BERT, GPT-NeoX and GPT-J created inside ``smp.model_creation(tensor_parallelism=True)``,
-wrapped by ``smp.DistributedModel`` (``optimize: speed``; GPT-J also ``memory``) (their supported module replaced by SMP's distributed
-transformer, weights translated), trained 3 SGD steps by plain forward/backward, each TP rank
+wrapped by ``smp.DistributedModel`` (their supported module replaced by SMP's distributed
+transformer, weights translated; ``optimize: speed``, GPT-J also ``memory``), trained 3 SGD steps by plain forward/backward, each TP rank
 on its rows of the global batch. The losses equal those of the Hugging Face model trained in
 one process on the global batch (relative 1e-5), and the gathered state dict, translated
 back to Hugging Face's names, equals that model's (atol 1e-5).

@@ -115,6 +115,11 @@ def worker() -> None:
     assert set(full) == set(expected), sorted(set(full) ^ set(expected))
     worst = max((full[k] - v).abs().max().item() for k, v in expected.items())
     assert worst <= 1e-5, worst
+    # A Hugging Face state dict loads as it is: translated to the distributed names.
+    fresh = make(config).state_dict()
+    model.load_state_dict(fresh)
+    back = to_hf(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in fresh.items())
     smp.barrier()
     print(f"rank {smp.rank()} {family}: loss rel {rel:.1e} weights {worst:.1e}: 1 cases ok",
           flush=True)

@@ -342,6 +342,11 @@ class DistributedModel(torch.nn.Module):
         partial = bool(state_dict.get("_smp_is_partial"))
         state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
         own = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
+        if not partial and any(k not in state_dict for k in own):
+            # A state dict under the original model's names (a Hugging Face checkpoint):
+            # translated, as SMP does, by the translators of the modules replaced.
+            for translate in _tp_registry.translators(self._user):
+                state_dict = translate(state_dict)
         missing = [k for k in own if k not in state_dict]
         if strict and missing:
             raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")

@@ -261,6 +261,8 @@ def _replacement(module: torch.nn.Module, path: str, holders) -> torch.nn.Module
         new = reg.dist_module(*args, **kwargs)
     _copy_weights(module, new, reg.translate)
     _install_hooks(new, reg)
+    if reg.translate is not None:  # DistributedModel.load_state_dict takes the original's names
+        object.__setattr__(new, "_smp_translate", reg.translate)
     new.train(module.training)
     log.info("tensor parallelism: %s (%s) -> %s", path or "the model",
              type(module).__name__, reg.dist_module.__name__)
@@ -280,6 +282,16 @@ def _default_dtype(dtype: torch.dtype | None):
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def translators(root: torch.nn.Module) -> list[Callable]:
+    """The state-dict translators of the replaced modules in ``root`` (each once)."""
+    found: list[Callable] = []
+    for module in root.modules():
+        translate = module.__dict__.get("_smp_translate")
+        if translate is not None and translate not in found:
+            found.append(translate)
+    return found
 
 
 def _init_args(module: torch.nn.Module) -> tuple[tuple, dict]:

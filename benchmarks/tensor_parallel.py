@@ -2,7 +2,7 @@
 ``torch.distributed.tensor.parallel`` (ColwiseParallel / RowwiseParallel on a 1-D CPU
 DeviceMesh) on gloo and on Shoal's torch backend, for the same MLP and transformer block.
 
-    .venv/bin/python benchmarks/tensor_parallel.py [--hidden 512] [--steps 4] [--quick]
+    .venv/bin/python benchmarks/tensor_parallel.py [--hidden 512] [--steps 3] [--repeats 3] [--quick]
 
 Two cases, both post-LayerNorm, dropout 0, exact gelu:
 
@@ -13,23 +13,28 @@ Two cases, both post-LayerNorm, dropout 0, exact gelu:
   then the MLP above), with an additive attention mask; torch: Q/K/V ``ColwiseParallel``,
   the attention's output projection and dense2 ``RowwiseParallel``.
 
-One training step: forward, MSE loss against a fixed target, backward, SGD. Four launches
-of 2 ranks (mpirun), one per side:
+One training step: forward, MSE loss against a fixed target, backward, SGD. One mpirun job
+of 2 ranks per case and smp layout; in it three sides take turns (the order rotating every
+repeat, so that drifting machine load falls on all of them):
 
-- ``dtensor-gloo``, ``dtensor-shoal``: ``parallelize_module`` after
-  ``init_process_group("gloo")`` / ``("shoal")``; every rank computes on the same
-  (replicated) batch of N sequences;
-- ``shoal-prescaled``: ``smp.init({"tensor_parallel_degree": 2, "ddp": True, "optimize":
-  "speed", "prescaled_batch": True})``, ``smp.DistributedModel`` and ``@smp.step``: the TP
-  group shares one batch of N, the layout equivalent to torch's (the same work per step);
-- ``shoal-default``: the same without ``prescaled_batch`` (SMP's default): each rank brings
-  its own batch of N, so the group trains on 2N sequences a step (counted so).
+- **Shoal**: ``smp.init({"tensor_parallel_degree": 2, "ddp": True, "optimize": "speed",
+  "prescaled_batch": ...})``, ``smp.DistributedModel``, ``smp.DistributedOptimizer`` and
+  ``@smp.step``. ``prescaled``: the TP group shares one batch of N sequences, the layout
+  equivalent to torch's (the same work per step). ``default`` (SMP's default): each rank
+  brings its own batch of N, so the group trains on 2N sequences a step (counted so);
+- **DTensor on gloo**: ``parallelize_module`` on a ``DeviceMesh`` over a gloo group;
+  every rank computes on the same (replicated) batch of N;
+- **DTensor on shoal**: the same on the default group, which smp started on Shoal's
+  torch.distributed backend (``backend="shoal"``).
 
 Every side starts from the same full weights (one seeded ``torch.nn`` model, split by each
-side its own way); the driver checks the losses of the first two steps against the same
-model trained in one process (and, for ``shoal-default``, each rank's first loss against
-its own batch's): within ``1e-4`` relative, or the run fails. Throughput: after warm-up,
-``--repeats`` times ``--steps`` steps between barriers, timed on rank 0; the median.
+side its own way); the driver checks every rank's losses of the first two steps against the
+same model trained in one process (for the default layout: on both ranks' batches together,
+the mean squared error over the 2N sequences, each rank's loss on its own N): within
+``1e-4`` relative, or the run fails. The second step's loss depends on the first step's
+gradients. Throughput: after warm-up, ``--repeats`` times ``--steps`` steps of each side
+between barriers, timed on rank 0; the table shows the medians and the median of the
+ratios of sides timed back to back.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ import uuid
 
 HERE = os.path.abspath(__file__)
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
-SIDES = ("dtensor-gloo", "dtensor-shoal", "shoal-prescaled", "shoal-default")
 CASES = ("mlp", "block")
 TP = 2
 LR = 0.5
@@ -213,119 +217,144 @@ def batch(seed: int, args):
     return x, mask, target
 
 
-def reference_losses(case, args, seed, steps):
-    """The losses of the first ``steps`` SGD steps of the unsplit model in one process."""
+def reference_losses(case, args, seeds, steps):
+    """The unsplit model trained in one process on the batches of ``seeds`` together (the
+    mean squared error over all of them), ``steps`` SGD steps: each step's loss on each
+    seed's batch (``[step][seed]``)."""
+    import torch
+
+    model = reference_model(case, args)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    batches = [batch(seed, args) for seed in seeds]
+    x, mask, target = (torch.cat(parts) for parts in zip(*batches))
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        errors = (model(x, mask) - target).pow(2).view(len(seeds), -1).mean(1)
+        errors.mean().backward()
+        optimizer.step()
+        losses.append(errors.tolist())
+    return losses
+
+
+def one_process_rate(case, args) -> float:
+    """Samples/s of the unsplit model on one thread (the batch of N), timed as the ranks
+    time theirs: what tensor parallelism divides."""
     import torch
     import torch.nn.functional as F
 
     model = reference_model(case, args)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    x, mask, target = batch(seed, args)
-    losses = []
-    for _ in range(steps):
+    x, mask, target = batch(1, args)
+
+    def step():
         optimizer.zero_grad()
-        loss = F.mse_loss(model(x, mask), target)
-        loss.backward()
+        F.mse_loss(model(x, mask), target).backward()
         optimizer.step()
-        losses.append(loss.item())
-    return losses
+
+    for _ in range(args.warmup):
+        step()
+    rates = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        rates.append(args.batch * args.steps / (time.perf_counter() - start))
+    return statistics.median(rates)
 
 
 # -- the ranks ----------------------------------------------------------------------------
 
 
-def torch_side(args, rank, size):
+def dtensor_step(case, args, group):
+    """A training step of the case under torch's tensor parallelism on ``group``."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    backend = args.side.split("-", 1)[1]
-    if backend == "shoal":
-        import shoal.dataparallel.torch  # noqa: F401 - registers the "shoal" backend
-    dist.init_process_group(backend, rank=rank, world_size=size)
-    mesh = DeviceMesh("cpu", list(range(size)))
-    steps = {}
-    for case in args.cases.split(","):
-        model = reference_model(case, args)
-        parallelize_module(model, mesh, torch_plan(case))
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        x, mask, target = batch(1, args)
+    model = reference_model(case, args)
+    parallelize_module(model, DeviceMesh.from_group(group, "cpu"), torch_plan(case))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    x, mask, target = batch(1, args)
 
-        def step(model=model, optimizer=optimizer, x=x, mask=mask, target=target):
-            optimizer.zero_grad()
-            loss = F.mse_loss(model(x, mask), target)
-            loss.backward()
-            optimizer.step()
-            return loss.item()
+    def step():
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x, mask), target)
+        loss.backward()
+        optimizer.step()
+        return loss.item()
 
-        steps[case] = (step, args.batch)
-    return steps, dist.barrier, dist.destroy_process_group
+    return step
 
 
-def shoal_side(args, rank, size):  # noqa: ARG001 - the same signature as torch_side
-    import smdistributed.modelparallel.torch as smp
+def shoal_step(case, args, smp, prescaled):
+    """A training step of the case on smp.nn (``@smp.step``), and which batch this rank
+    trains on."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
-    prescaled = args.side == "shoal-prescaled"
-    smp.init({"tensor_parallel_degree": TP, "ddp": True, "optimize": "speed",
-              "prescaled_batch": prescaled})
-    steps = {}
-    for case in args.cases.split(","):
-        # One DistributedModel per process: the cases run in launches of their own.
-        net = shoal_model(case, args)
-        load_full_weights(net, reference_model(case, args).state_dict())
-        model = smp.DistributedModel(net)
-        optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR))
-        seed = 1 if prescaled else 1 + smp.tp_rank()
-        x, mask, target = batch(seed, args)
+    net = shoal_model(case, args)
+    load_full_weights(net, reference_model(case, args).state_dict())
+    model = smp.DistributedModel(net)
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR))
+    which = 0 if prescaled else smp.tp_rank()
+    x, mask, target = batch(1 + which, args)
 
-        @smp.step
-        def train(model, x, mask, target):
-            loss = F.mse_loss(model(x, mask), target)
-            model.backward(loss)
-            return loss
+    @smp.step
+    def train(model, x, mask, target):
+        loss = F.mse_loss(model(x, mask), target)
+        model.backward(loss)
+        return loss
 
-        def step(model=model, optimizer=optimizer, x=x, mask=mask, target=target,
-                 train=train):
-            optimizer.zero_grad()
-            loss = train(model, x, mask, target)
-            optimizer.step()
-            return loss.reduce_mean().item()
+    def step():
+        optimizer.zero_grad()
+        loss = train(model, x, mask, target)
+        optimizer.step()
+        return loss.reduce_mean().item()
 
-        steps[case] = (step, args.batch * (1 if prescaled else TP))
-    return steps, dist.barrier, lambda: None
+    return step, which
 
 
 def worker(args) -> None:
+    """One case, one smp layout; the three sides' steps alternate in this job."""
+    import smdistributed.modelparallel.torch as smp
     import torch
+    import torch.distributed as dist
 
     torch.set_num_threads(1)
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    side = torch_side if args.side.startswith("dtensor") else shoal_side
-    steps, barrier, finish = side(args, rank, size)
-    for case, (step, samples) in steps.items():
-        losses = [step() for _ in range(CHECKED_STEPS)]
-        for _ in range(max(0, args.warmup - CHECKED_STEPS)):
+    prescaled = args.layout == "prescaled"
+    # ddp: smp starts torch.distributed on Shoal's backend (the default group) itself.
+    smp.init({"tensor_parallel_degree": TP, "ddp": True, "optimize": "speed",
+              "prescaled_batch": prescaled})
+    rank = dist.get_rank()
+    gloo = dist.new_group(list(range(dist.get_world_size())), backend="gloo")
+    shoal_train, which = shoal_step(args.case, args, smp, prescaled)
+    sides = {"shoal": (shoal_train, args.batch * (1 if prescaled else TP), which),
+             "dtensor-gloo": (dtensor_step(args.case, args, gloo), args.batch, 0),
+             "dtensor-shoal": (dtensor_step(args.case, args, dist.group.WORLD), args.batch, 0)}
+    names = list(sides)
+    losses = {name: [step() for _ in range(CHECKED_STEPS)]
+              for name, (step, _, _) in sides.items()}
+    for _ in range(max(0, args.warmup - CHECKED_STEPS)):
+        for step, _, _ in sides.values():
             step()
-        times = []
-        for _ in range(args.repeats):
-            barrier()
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for repeat in range(args.repeats):
+        # The order rotates every repeat, so that drifting load falls on every side.
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            step, samples, _ = sides[name]
+            dist.barrier()
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
-            barrier()
-            times.append(time.perf_counter() - start)
-        report = {"side": args.side, "case": case, "rank": rank, "losses": losses,
-                  "samples_per_s": [samples * args.steps / t for t in times]}
-        with open(os.path.join(args.out, f"{case}-rank{rank}.json"), "w") as handle:
-            json.dump(report, handle)
-    barrier()
-    finish()
+            dist.barrier()
+            rates[name].append(samples * args.steps / (time.perf_counter() - start))
+    report = {"rank": rank, "losses": losses, "batch": {n: sides[n][2] for n in names},
+              "rates": rates}
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as handle:
+        json.dump(report, handle)
+    dist.barrier()
 
 
 # -- the driver ---------------------------------------------------------------------------
@@ -337,32 +366,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(side, case, args) -> list[dict]:
+def launch(case, layout, args) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="shoal-tp-bench-") as folder:
-        return _launch(side, case, args, folder)
-
-
-def _launch(side, case, args, folder) -> list[dict]:
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               SHOAL_JOB_ID=uuid.uuid4().hex[:12], SHOAL_COLLECTIVE_TIMEOUT="120")
-    argv = [*MPIRUN, "-np", str(TP)]
-    for name in ("MASTER_ADDR", "MASTER_PORT", "SHOAL_JOB_ID", "SHOAL_COLLECTIVE_TIMEOUT"):
-        argv += ["-x", name]
-    argv += [sys.executable, HERE, "worker", "--side", side, "--cases", case,
-             "--out", folder, *forwarded(args)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if done.returncode != 0:
-        raise SystemExit(f"{side} {case} failed (exit {done.returncode}):\n"
-                         + done.stdout[-3000:] + done.stderr[-5000:])
-    reports = []
-    for rank in range(TP):
-        path = os.path.join(folder, f"{case}-rank{rank}.json")
-        if not os.path.exists(path):
-            raise SystemExit(f"{side} {case}: rank {rank} wrote no report:\n"
-                             + done.stdout[-3000:] + done.stderr[-3000:])
-        with open(path) as handle:
-            reports.append(json.load(handle))
-    return reports
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   SHOAL_JOB_ID=uuid.uuid4().hex[:12], SHOAL_COLLECTIVE_TIMEOUT="120")
+        argv = [*MPIRUN, "-np", str(TP)]
+        for name in ("MASTER_ADDR", "MASTER_PORT", "SHOAL_JOB_ID", "SHOAL_COLLECTIVE_TIMEOUT"):
+            argv += ["-x", name]
+        argv += [sys.executable, HERE, "worker", "--case", case, "--layout", layout,
+                 "--out", folder, *forwarded(args)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=args.timeout)
+        if done.returncode != 0:
+            raise SystemExit(f"{case} {layout} failed (exit {done.returncode}):\n"
+                             + done.stdout[-3000:] + done.stderr[-5000:])
+        reports = []
+        for rank in range(TP):
+            path = os.path.join(folder, f"rank{rank}.json")
+            if not os.path.exists(path):
+                raise SystemExit(f"{case} {layout}: rank {rank} wrote no report:\n"
+                                 + done.stdout[-3000:] + done.stderr[-3000:])
+            with open(path) as handle:
+                reports.append(json.load(handle))
+        return reports
 
 
 def forwarded(args) -> list[str]:
@@ -375,42 +401,42 @@ def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def check(side, reports, expected, own) -> tuple[float, str]:
-    """The largest relative difference of this side's checked losses from the reference's
-    (``expected``: the shared batch's first losses; ``own``: each rank's own batch's first
-    loss, for shoal-default)."""
+def check(reports, side, expected) -> tuple[float, str]:
+    """The largest relative difference of a side's losses on every rank from one
+    process's (``expected[step][i]``: the loss on the batch of seed ``1 + i``)."""
     worst, what = 0.0, ""
     for report in reports:
-        if side == "shoal-default":
-            pairs = [(report["losses"][0], own[report["rank"]], "step 1")]
-        else:
-            pairs = [(got, want, f"step {i + 1}")
-                     for i, (got, want) in enumerate(zip(report["losses"], expected))]
-        for got, want, step in pairs:
+        for step, got in enumerate(report["losses"][side]):
+            want = expected[step][report["batch"][side]]
             diff = relative(got, want)
             if diff >= worst:
-                worst, what = diff, f"rank {report['rank']} {step}: {got:.7g} vs {want:.7g}"
+                worst, what = diff, f"rank {report['rank']} step {step + 1}: {got:.7g} vs {want:.7g}"
     return worst, what
+
+
+LAYOUTS = {"prescaled": "prescaled: one batch of N per group",
+           "default": "default: N per rank, 2N per group"}
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", nargs="?", default="driver", choices=("driver", "worker"))
-    parser.add_argument("--side", choices=SIDES)
+    parser.add_argument("--case", choices=CASES, help="(worker)")
+    parser.add_argument("--layout", choices=tuple(LAYOUTS), help="(worker)")
     parser.add_argument("--out", help="(worker) the folder of the ranks' reports")
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--sides", default=",".join(SIDES))
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="smp layouts to run")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8, help="sequences per step (per rank "
-                        "for shoal-default)")
+                        "for smp's default layout)")
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=4, help="steps per timed repeat")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="launches per side and case (order rotating); the median")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds per launch")
+    parser.add_argument("--steps", type=int, default=3, help="steps per timed repeat")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repeats per side in a job (sides alternating)")
+    parser.add_argument("--rounds", type=int, default=1, help="jobs per case and layout")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per job")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, 2 steps: a smoke run (its figures mean nothing)")
     args = parser.parse_args(argv)
@@ -425,60 +451,58 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    cases = args.cases.split(",")
-    sides = args.sides.split(",")
-    tokens = args.batch * args.seq
+    cases, layouts = args.cases.split(","), args.layouts.split(",")
     print(f"tensor parallel 2, training step (forward, backward, SGD), hidden {args.hidden}, "
-          f"heads of {args.head_size}, intermediate {4 * args.hidden}, batch {args.batch} x "
-          f"seq {args.seq} = {tokens} tokens; {os.cpu_count()} cores, torch threads 1 per rank; "
-          f"median of {args.repeats} x {args.steps} steps after {args.warmup} warm-up",
+          f"heads of {args.head_size}, intermediate {4 * args.hidden}, batch N = {args.batch} "
+          f"x seq {args.seq} = {args.batch * args.seq} tokens; {os.cpu_count()} cores, torch "
+          f"threads 1 per rank; per job {args.repeats} x {args.steps} timed steps per side "
+          f"(sides alternating) after {args.warmup} warm-up, {args.rounds} job(s) per row",
           flush=True)
-    samples: dict[tuple[str, str], list[float]] = {}
+    rows = {}
     worst: dict[tuple[str, str], float] = {}
     failures = []
     for case in cases:
-        expected = reference_losses(case, args, 1, CHECKED_STEPS)
-        own = [reference_losses(case, args, 1 + r, 1)[0] for r in range(TP)]
-        for round_ in range(args.rounds):
-            # The order rotates every round, so that drifting load falls on every side.
-            for side in sides[round_ % len(sides):] + sides[:round_ % len(sides)]:
-                reports = launch(side, case, args)
-                diff, what = check(side, reports, expected, own)
-                key = (case, side)
-                worst[key] = max(worst.get(key, 0.0), diff)
-                if not diff < TOLERANCE:
-                    failures.append(f"{case} {side}: {what} (relative {diff:.2e})")
-                samples.setdefault(key, []).append(
-                    statistics.median(reports[0]["samples_per_s"]))
-    rate = {key: statistics.median(values) for key, values in samples.items()}
+        expected = {"shared": reference_losses(case, args, [1], CHECKED_STEPS),
+                    "own": reference_losses(case, args, [1 + r for r in range(TP)],
+                                            CHECKED_STEPS)}
+        for layout in layouts:
+            rates: dict[str, list[float]] = {}
+            for _ in range(args.rounds):
+                reports = launch(case, layout, args)
+                for side in ("shoal", "dtensor-gloo", "dtensor-shoal"):
+                    which = "own" if side == "shoal" and layout == "default" else "shared"
+                    diff, what = check(reports, side, expected[which])
+                    name = f"shoal-{layout}" if side == "shoal" else side
+                    worst[(case, name)] = max(worst.get((case, name), 0.0), diff)
+                    if not diff < TOLERANCE:
+                        failures.append(f"{case} {name} ({layout} job): {what} "
+                                        f"(relative {diff:.2e})")
+                    rates.setdefault(side, []).extend(reports[0]["rates"][side])
+            rows[(case, layout)] = rates
+    alone = {case: one_process_rate(case, args) for case in cases}
 
-    def cell(key, width):
-        return f"{rate[key]:{width}.1f}" if key in rate else f"{'-':>{width}}"
-
-    def ratio(top, bottom, width):
-        if top in rate and bottom in rate:
-            return f"{rate[top] / rate[bottom]:{width}.2f}"
-        return f"{'-':>{width}}"
-
-    layouts = {"shoal-prescaled": "prescaled: one batch of N per group",
-               "shoal-default": "default: N per rank, 2N per group"}
     print()
-    print("samples/s (a sample: one sequence); DTensor: one batch of N per group (replicated)")
+    print("samples/s (a sample: one sequence of the batch); medians over the timed repeats; "
+          "DTensor: one replicated batch of N per group, in the same jobs as the smp row")
     print()
-    print("| case  | Shoal layout                        |    Shoal | DTensor gloo | Shoal / "
+    print("| case  | smp layout                          |    Shoal | DTensor gloo | Shoal / "
           "DTensor-gloo | DTensor on shoal | DTensor-shoal / DTensor-gloo |")
     print("|-------|-------------------------------------|---------:|-------------:|"
           "--------------------:|-----------------:|-----------------------------:|")
-    for case in cases:
-        gloo, on_shoal = (case, "dtensor-gloo"), (case, "dtensor-shoal")
-        for side in ("shoal-prescaled", "shoal-default"):
-            if side not in sides:
-                continue
-            ours = (case, side)
-            print(f"| {case:<5} | {layouts[side]:<35} | {cell(ours, 8)} | {cell(gloo, 12)} | "
-                  f"{ratio(ours, gloo, 20)} | {cell(on_shoal, 16)} | "
-                  f"{ratio(on_shoal, gloo, 28)} |")
+    for (case, layout), rates in rows.items():
+        median = {side: statistics.median(values) for side, values in rates.items()}
+        # Paired: each repeat's ratio, the sides timed back to back; the median of those.
+        ours = statistics.median(a / b for a, b in zip(rates["shoal"], rates["dtensor-gloo"]))
+        theirs = statistics.median(a / b for a, b in zip(rates["dtensor-shoal"],
+                                                         rates["dtensor-gloo"]))
+        rows[(case, layout)] = ours
+        print(f"| {case:<5} | {LAYOUTS[layout]:<35} | {median['shoal']:8.1f} | "
+              f"{median['dtensor-gloo']:12.1f} | {ours:20.2f} | {median['dtensor-shoal']:16.1f} "
+              f"| {theirs:28.2f} |")
     print()
+    for case in cases:
+        print(f"one process, whole model, 1 thread, {case}: {alone[case]:.1f} samples/s "
+              f"(TP 2 with free communication: {TP * alone[case]:.1f})")
     for (case, side), diff in sorted(worst.items()):
         print(f"loss check {case} {side}: largest relative difference {diff:.1e}")
     if failures:
@@ -486,14 +510,14 @@ def main(argv=None) -> None:
         for failure in failures:
             print("  " + failure)
         raise SystemExit(1)
-    print(f"results equal: ok (the first {CHECKED_STEPS} losses of every side within "
-          f"{TOLERANCE:g} relative of one process's; shoal-default: each rank's first)")
+    print(f"results equal: ok (the first {CHECKED_STEPS} losses of every side on every rank "
+          f"within {TOLERANCE:g} relative of one process's)")
     for case in cases:
-        ours, gloo = (case, "shoal-prescaled"), (case, "dtensor-gloo")
-        if ours in rate and gloo in rate:
-            value = rate[ours] / rate[gloo]
-            print(f"goal {case}: shoal-prescaled >= 1.5x DTensor-gloo: {value:.2f}x, "
+        if (case, "prescaled") in rows:
+            value = rows[(case, "prescaled")]
+            print(f"goal {case}: smp prescaled >= 1.5x DTensor-gloo: {value:.2f}x, "
                   f"{'met' if value >= 1.5 else 'missed'}")
+
 
 if __name__ == "__main__":
     main()

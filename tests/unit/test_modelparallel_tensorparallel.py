@@ -65,12 +65,45 @@ def test_the_root_itself_may_be_replaced_and_disabled_marks_keep_modules():
     assert type(registry.distribute(mark(nn.Linear(2, 2), enabled=False))) is nn.Linear
 
 
-def test_tied_modules_are_kept():
+def test_tied_modules_are_kept_with_a_log_line(caplog):
     embed, head = mark(nn.Embedding(6, 4)), mark(nn.Linear(4, 6, bias=False))
     head.weight = embed.weight
-    root = nn.ModuleDict({"embed": embed, "head": head})
-    registry.distribute(root)
+    root = nn.ModuleDict({"embed": embed, "head": head, "free": mark(nn.Linear(4, 4))})
+    with caplog.at_level("INFO", logger="shoal.modelparallel"):
+        registry.distribute(root)
     assert type(root["embed"]) is nn.Embedding and type(root["head"]) is nn.Linear
+    assert isinstance(root["free"], smp_nn.DistributedLinear)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "tensor parallelism: embed (Embedding) is kept as it is: it shares a parameter " \
+           "with another module" in lines, lines
+    assert "tensor parallelism: free (Linear) -> DistributedLinear" in lines, lines
+
+
+def test_tp_register_decorates_a_class():
+    class Dist(smp_nn.DistributedModule):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = smp_nn.DistributedLinear(width, width)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    @registry.tp_register(Dist)
+    class Plain(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.proj = nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    assert registry.registration(Plain).dist_module is Dist
+    plain = mark(Plain(3))
+    assert plain.__dict__["_smp_init_args"] == ((3,), {})  # recorded at creation
+    x = torch.randn(2, 3)
+    expected = plain(x)
+    replaced = registry.distribute(nn.Sequential(plain))[0]
+    assert isinstance(replaced, Dist) and torch.allclose(replaced(x), expected)
 
 
 def test_registered_modules_with_hooks_and_a_refusal():

@@ -6,7 +6,9 @@
     ├── SMPNotInitializedError          an API used before ``smp.init()``
     ├── SMPUsageError                   an API used where SMP does not allow it (forward or
     │   │                               backward outside ``smp.step``, a second DistributedModel)
-    │   └── TPModuleRegisterError       ``smp.tp_register`` of a class that is no DistributedModule
+    │   ├── TPModuleRegisterError       ``smp.tp_register`` of a class that is no DistributedModule
+    │   └── InvalidSeqLenPrescaledBatchError  a prescaled batch's sequence the TP degree does
+    │                                   not divide (the LM head splits it over the group)
     ├── SMPPartitionError               a placement that cannot be honoured (modules sharing a
     │                                   parameter split apart, a model too small to split)
     ├── DDPNotEnabledError              a torch process group asked for without ``ddp: True``
@@ -40,6 +42,10 @@ class SMPUsageError(SMPError, RuntimeError):
 
 class TPModuleRegisterError(SMPUsageError):
     """A distributed module to register that does not subclass smp.nn.DistributedModule."""
+
+
+class InvalidSeqLenPrescaledBatchError(SMPUsageError, ValueError):
+    """With ``prescaled_batch``, a sequence length the TP degree does not divide."""
 
 
 class SMPPartitionError(SMPError, RuntimeError):

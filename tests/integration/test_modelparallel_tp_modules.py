@@ -142,7 +142,9 @@ def check_module(smp, case, tp: int, prescaled: bool) -> None:
 
 def check_lm_head(smp, tp: int, prescaled: bool) -> None:
     """Non-prescaled, each rank's loss is the mean over its rows: the reference's objective
-    is the sum of those means."""
+    is the sum of those means. Prescaled, each rank holds its positions of the sequence
+    (logits ``[S/tp, N, vocab]``), its loss the mean over their tokens, and the group's
+    gradients add up to the whole batch's mean loss."""
     import torch
     from transformer_reference import RefLMHead, load_shards
 
@@ -162,23 +164,49 @@ def check_lm_head(smp, tp: int, prescaled: bool) -> None:
     load_shards(dist, ref)
     gen = torch.Generator().manual_seed(2)
     group_rows = ROWS if prescaled else ROWS * tp
-    ids = torch.randint(0, vocab, (group_rows, SEQ), generator=gen)
-    mask = (torch.rand(group_rows, SEQ, generator=gen) < 0.2).long()
-    types = torch.randint(0, 3, (group_rows, SEQ), generator=gen)
+    seq = 6 if prescaled else SEQ  # prescaled: split over the group, a multiple of tp
+    ids = torch.randint(0, vocab, (group_rows, seq), generator=gen)
+    ids[0, 3] = -100  # a label to ignore
+    labels = ids.clone()
+    ids = ids.clamp(min=0)
+    mask = (torch.rand(group_rows, seq, generator=gen) < 0.2).long()
+    types = torch.randint(0, 3, (group_rows, seq), generator=gen)
     mine = slice(0, group_rows) if prescaled else slice(smp.tp_rank() * ROWS,
                                                        (smp.tp_rank() + 1) * ROWS)
-    loss, logits = dist((ids[mine], mask[mine], types[mine], None, ids[mine]))
+    loss, logits = dist((ids[mine], mask[mine], types[mine], None, labels[mine]))
     blocks = [slice(0, group_rows)] if prescaled else [slice(r * ROWS, (r + 1) * ROWS)
                                                       for r in range(tp)]
-    ref_losses = [ref((ids[b], mask[b], types[b], None, ids[b]))[0] for b in blocks]
+    ref_losses = [ref((ids[b], mask[b], types[b], None, labels[b]))[0] for b in blocks]
     ref_logits = ref((ids, mask, types, None, None))
     grad = torch.randn(ref_logits.shape, generator=gen)
     (sum(ref_losses) + (ref_logits * grad).sum()).backward()
-    (loss + (logits * grad[mine]).sum()).backward()
-    close("lm head: logits", logits, ref_logits[mine].detach())
-    close("lm head: loss", loss, ref_losses[smp.tp_rank() if not prescaled else 0].detach())
+    if prescaled:  # SMP's layout: this rank's positions, sequence first
+        width = seq // tp
+        positions = slice(smp.tp_rank() * width, (smp.tp_rank() + 1) * width)
+        want_logits = ref_logits[:, positions].transpose(0, 1).detach()
+        my_grad = grad[:, positions].transpose(0, 1)
+        targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)[:, positions]
+        want_loss = torch.nn.functional.cross_entropy(
+            want_logits.reshape(-1, vocab), targets.transpose(0, 1).reshape(-1))
+    else:
+        want_logits, my_grad = ref_logits[mine].detach(), grad[mine]
+        want_loss = ref_losses[smp.tp_rank()].detach()
+    (loss + (logits * my_grad).sum()).backward()
+    close("lm head: logits", logits, want_logits)
+    close("lm head: loss", loss, want_loss)
     compare_grads("lm head", dist, ref)
-    assert dist((ids[mine], mask[mine])).shape == (ids[mine].shape[0], SEQ, vocab)
+    shape = (seq // tp, group_rows, vocab) if prescaled else (ROWS, seq, vocab)
+    assert dist((ids[mine], mask[mine])).shape == shape
+    if prescaled:
+        from shoal.modelparallel.errors import InvalidSeqLenPrescaledBatchError
+
+        try:
+            dist((ids[:, :5], mask[:, :5]))
+        except InvalidSeqLenPrescaledBatchError as exc:
+            assert str(exc) == ("Sequence length must be greater than and divisible by the "
+                                "tensor parallelism degree when prescaled_batch is True.")
+        else:
+            raise AssertionError("a sequence of 5 at tp 2 was taken")
 
 
 def check_prescaled_dropout(smp) -> None:

@@ -28,15 +28,18 @@ position and token-type embeddings are whole on every rank but used only on its 
 gradients are summed over the group (``copy_to``) so that, like every parameter of a
 distributed module, they carry the gradient of the group's whole batch.
 
-With ``prescaled_batch`` every rank computes the whole batch's logits and loss (SMP instead
-splits the sequence over the ranks; not done here).
+With ``prescaled_batch`` (tp > 1) the head works on this rank's part of the sequence, as
+SMP's does: the logits are ``[S/tp, N, vocab]`` (sequence first: rank r holds positions
+``r*S/tp`` to ``(r+1)*S/tp``; scripts concatenate them on dim 0), and the loss is the mean
+over those positions' tokens, whose gradients add up over the group to the whole batch's.
+The sequence length must be a multiple of the TP degree.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from shoal.modelparallel.errors import SMPUnsupportedError
+from shoal.modelparallel.errors import InvalidSeqLenPrescaledBatchError, SMPUnsupportedError
 from shoal.modelparallel.torch.nn import rotary
 from shoal.modelparallel.torch.nn.dropout import ParallelDropout
 from shoal.modelparallel.torch.nn.embedding import DistributedEmbedding
@@ -46,6 +49,14 @@ from shoal.modelparallel.torch.nn.options import check_causal_mask, check_extra
 from shoal.modelparallel.torch.nn.projection import ParallelLinear
 from shoal.modelparallel.torch.nn.transformer import DistributedTransformer
 from shoal.modelparallel.torch.tensorparallel import collectives as tp
+
+_SEQUENCE = ("Sequence length must be greater than and divisible by the tensor parallelism "
+             "degree when prescaled_batch is True.")
+
+
+def _check_prescaled_sequence(seq: int, tp_size: int) -> None:
+    if seq < tp_size or seq % tp_size:
+        raise InvalidSeqLenPrescaledBatchError(_SEQUENCE)
 
 
 class DistributedTransformerLMHead(DistributedModule):
@@ -184,16 +195,38 @@ class DistributedTransformerLMHead(DistributedModule):
             hidden = tp.scatter(hidden, -1, layout.hidden_sizes)
         partial = F.linear(hidden, weight)
         if layout.prescaled:
-            logits = tp.reduce_from(partial)
-        else:
-            logits = tp.reduce_scatter(partial, 0, [rows] * layout.tp_size)
+            # SMP's layout: this rank's positions of the sequence, sequence first.
+            seq = hidden.shape[1]
+            _check_prescaled_sequence(seq, layout.tp_size)
+            logits = tp.reduce_scatter(partial, 1, [seq // layout.tp_size] * layout.tp_size)
+            if bias is not None:  # whole, added to this rank's positions
+                logits = logits + tp.copy_to(bias)
+            return logits.transpose(0, 1)
+        logits = tp.reduce_scatter(partial, 0, [rows] * layout.tp_size)
         # The bias is whole and added to this rank's rows: its gradient summed as the group's.
         return logits + self._group_grad(bias) if bias is not None else logits
 
-    @staticmethod
-    def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.layout.prescaled and self.layout.tp_size > 1:
+            return self._sequence_shard_loss(logits, labels)
         shifted = logits[:, :-1, :].reshape(-1, logits.shape[-1])
         return F.cross_entropy(shifted, labels[:, 1:].reshape(-1))
+
+    def _sequence_shard_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of this rank's positions ``[S/tp, N, vocab]`` (position t predicts label
+        t+1; the last position predicts nothing). Its value is the mean over this rank's
+        tokens; its gradient is that of the whole sequence's mean loss, so the group's
+        backwards add up to the batch's gradient whatever the tokens' spread over ranks."""
+        tp_size, rank = self.layout.tp_size, self.tp_rank()
+        width = labels.shape[1] // tp_size
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+        mine = targets[:, rank * width:(rank + 1) * width].transpose(0, 1)
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), mine.reshape(-1),
+                                reduction="sum")
+        everywhere = (targets != -100).sum().clamp(min=1)
+        here = (mine != -100).sum().clamp(min=1)
+        weighted = total / everywhere
+        return weighted + (total / here - weighted).detach()
 
     def extra_repr(self) -> str:
         return (f"vocab={self.vocab_size}, hidden={self.hidden_size}, "

@@ -120,6 +120,17 @@ def worker() -> None:
     model.load_state_dict(fresh)
     back = to_hf(model.state_dict())
     assert all(torch.equal(back[k], v) for k, v in fresh.items())
+    # A full checkpoint is written under the Hugging Face names, and resumes.
+    folder = os.environ["HF_FOLDER"]
+    smp.save_checkpoint(folder, "full", partial=False, model=model)
+    saved = torch.load(os.path.join(folder, "full"), weights_only=False)["model"]
+    assert set(saved) == set(fresh) and all(torch.equal(saved[k], v) for k, v in fresh.items())
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+    smp.resume_from_checkpoint(folder, tag="full", partial=False)
+    back = to_hf(model.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in fresh.items())
     smp.barrier()
     print(f"rank {smp.rank()} {family}: loss rel {rel:.1e} weights {worst:.1e}: 1 cases ok",
           flush=True)
@@ -128,9 +139,10 @@ def worker() -> None:
 @pytest.mark.parametrize("family,optimize", [("gpt2", "speed"), ("bert", "speed"),
                                              ("gptneox", "speed"), ("gptj", "speed"),
                                              ("gptj", "memory")])
-def test_hf_model_at_tp2_matches_one_process(family, optimize):
+def test_hf_model_at_tp2_matches_one_process(family, optimize, tmp_path):
     pytest.importorskip("transformers", reason="the Hugging Face translations need transformers")
-    run_mpi(2, {"HF_FAMILY": family, "HF_OPTIMIZE": optimize}, script=HERE, timeout=300)
+    run_mpi(2, {"HF_FAMILY": family, "HF_OPTIMIZE": optimize, "HF_FOLDER": str(tmp_path)},
+            script=HERE, timeout=300)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["worker"]:

@@ -76,7 +76,9 @@ def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optim
 
     Partial: ``{path}/{tag}_partial/model_{pp}_{tp}_{rdp}.pt`` and ``optimizer_...pt`` from
     each data-parallel replica's first rank, ``user_content.pt`` from rank 0. Full: the
-    gathered model and optimizer state in ``{path}/{tag}`` from rank 0. ``{path}/newest``
+    gathered model and optimizer state in ``{path}/{tag}`` from rank 0, the model under the
+    original's names where tensor parallelism replaced a translated (Hugging Face) model and
+    ``translate_if_full`` holds. ``{path}/newest``
     names the tag; ``num_kept_partial_checkpoints`` removes the oldest partial ones.
     """
     from shoal.modelparallel.torch import comm
@@ -98,7 +100,13 @@ def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optim
         if topo.rank == 0:
             torch.save(user_content, os.path.join(folder, "user_content.pt"))
     else:
-        whole = {"model": model.state_dict() if model is not None else None,
+        state = model.state_dict() if model is not None else None
+        if state is not None and translate_if_full:  # under the original model's names (HF)
+            from shoal.modelparallel.torch.tensorparallel.registry import translators
+
+            for translate in translators(model.get_module(), back=True):
+                state = translate(state)
+        whole = {"model": state,
                  "optimizer": optimizer.state_dict() if optimizer is not None else None,
                  "user_content": user_content}
         if topo.rank == 0:

@@ -47,8 +47,10 @@ class Registration:
     init_hook: Callable | None = None
     forward_hook: Callable | None = None
     return_hook: Callable | None = None
-    # The original's state dict -> the distributed module's full one (names differ: HF).
+    # The original's state dict -> the distributed module's full one (names differ: HF),
+    # and back (a full checkpoint saved under the original's names).
     translate: Callable | None = None
+    translate_back: Callable | None = None
 
 
 @attrs.frozen
@@ -69,7 +71,8 @@ def registration(module_type: type) -> Registration | None:
 
 
 def tp_register_with_module(module_cls: type, dist_module: type, init_hook=None,
-                            forward_hook=None, return_hook=None, *, translate=None) -> None:
+                            forward_hook=None, return_hook=None, *, translate=None,
+                            translate_back=None) -> None:
     """Registers ``dist_module`` as the distributed form of ``module_cls`` (``translate``:
     the original's state dict to the distributed module's names, for the weights' copy)."""
     if not (isinstance(dist_module, type) and issubclass(dist_module, DistributedModule)):
@@ -77,7 +80,7 @@ def tp_register_with_module(module_cls: type, dist_module: type, init_hook=None,
             "Can only register a sub-class of smp.nn.DistributedModule. Found "
             f"{getattr(dist_module, '__name__', dist_module)}.")
     _REGISTRY[module_cls] = Registration(dist_module, init_hook, forward_hook, return_hook,
-                                         translate)
+                                         translate, translate_back)
     if module_cls not in _BUILT_IN_ARGS:
         _record_init_args(module_cls)
 
@@ -263,6 +266,8 @@ def _replacement(module: torch.nn.Module, path: str, holders) -> torch.nn.Module
     _install_hooks(new, reg)
     if reg.translate is not None:  # DistributedModel.load_state_dict takes the original's names
         object.__setattr__(new, "_smp_translate", reg.translate)
+    if reg.translate_back is not None:  # save_checkpoint(partial=False) writes them
+        object.__setattr__(new, "_smp_translate_back", reg.translate_back)
     new.train(module.training)
     log.info("tensor parallelism: %s (%s) -> %s", path or "the model",
              type(module).__name__, reg.dist_module.__name__)
@@ -284,11 +289,12 @@ def _default_dtype(dtype: torch.dtype | None):
         torch.set_default_dtype(previous)
 
 
-def translators(root: torch.nn.Module) -> list[Callable]:
-    """The state-dict translators of the replaced modules in ``root`` (each once)."""
+def translators(root: torch.nn.Module, back: bool = False) -> list[Callable]:
+    """The state-dict translators of the replaced modules in ``root`` (each once): to the
+    distributed modules' names, or ``back`` to the originals'."""
     found: list[Callable] = []
     for module in root.modules():
-        translate = module.__dict__.get("_smp_translate")
+        translate = module.__dict__.get("_smp_translate_back" if back else "_smp_translate")
         if translate is not None and translate not in found:
             found.append(translate)
     return found

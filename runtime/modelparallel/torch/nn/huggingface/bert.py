@@ -92,4 +92,5 @@ def register() -> None:
     from transformers.models.bert.modeling_bert import BertEncoder
 
     tp_register_with_module(BertEncoder, DistributedTransformer, init_hook, forward_hook,
-                            return_hook, translate=translate_hf_state_dict_to_smdistributed_bert)
+                            return_hook, translate=translate_hf_state_dict_to_smdistributed_bert,
+                            translate_back=translate_state_dict_to_hf_bert)

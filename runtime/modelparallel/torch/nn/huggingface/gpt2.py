@@ -166,4 +166,5 @@ def register() -> None:
 
     tp_register_with_module(GPT2LMHeadModel, DistributedTransformerLMHead, init_hook,
                             forward_hook, return_hook,
-                            translate=translate_hf_state_dict_to_smdistributed_gpt2)
+                            translate=translate_hf_state_dict_to_smdistributed_gpt2,
+                            translate_back=translate_state_dict_to_hf_gpt2)

@@ -113,4 +113,5 @@ def register() -> None:
 
     tp_register_with_module(GPTJForCausalLM, DistributedTransformerLMHead, init_hook,
                             forward_hook, return_hook,
-                            translate=translate_hf_gptj_state_dict_to_smdistributed_gptj)
+                            translate=translate_hf_gptj_state_dict_to_smdistributed_gptj,
+                            translate_back=translate_state_dict_to_hf_gptj)

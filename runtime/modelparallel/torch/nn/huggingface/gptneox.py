@@ -137,4 +137,5 @@ def register() -> None:
 
     tp_register_with_module(GPTNeoXForCausalLM, DistributedTransformerLMHead, init_hook,
                             forward_hook, return_hook,
-                            translate=translate_hf_state_dict_to_smdistributed_gptneox)
+                            translate=translate_hf_state_dict_to_smdistributed_gptneox,
+                            translate_back=translate_state_dict_to_hf_gptneox)

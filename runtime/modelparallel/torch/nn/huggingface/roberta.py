@@ -31,4 +31,5 @@ def register() -> None:
 
     tp_register_with_module(RobertaEncoder, DistributedTransformer, init_hook, forward_hook,
                             return_hook,
-                            translate=translate_hf_state_dict_to_smdistributed_roberta)
+                            translate=translate_hf_state_dict_to_smdistributed_roberta,
+                            translate_back=translate_state_dict_to_hf_roberta)

@@ -7,8 +7,10 @@
     ├── SMPUsageError                   an API used where SMP does not allow it (forward or
     │   │                               backward outside ``smp.step``, a second DistributedModel)
     │   ├── TPModuleRegisterError       ``smp.tp_register`` of a class that is no DistributedModule
-    │   └── InvalidSeqLenPrescaledBatchError  a prescaled batch's sequence the TP degree does
-    │                                   not divide (the LM head splits it over the group)
+    │   ├── InvalidSeqLenPrescaledBatchError  a prescaled batch's sequence the TP degree does
+    │   │                               not divide (the LM head splits it over the group)
+    │   └── CheckpointingError          activation checkpointing that cannot apply (a module
+    │                                   split over manual pipeline partitions, a dict output)
     ├── SMPPartitionError               a placement that cannot be honoured (modules sharing a
     │                                   parameter split apart, a model too small to split)
     ├── DDPNotEnabledError              a torch process group asked for without ``ddp: True``
@@ -46,6 +48,10 @@ class TPModuleRegisterError(SMPUsageError):
 
 class InvalidSeqLenPrescaledBatchError(SMPUsageError, ValueError):
     """With ``prescaled_batch``, a sequence length the TP degree does not divide."""
+
+
+class CheckpointingError(SMPUsageError):
+    """A module checkpointed where its activations cannot be recomputed as one piece."""
 
 
 class SMPPartitionError(SMPError, RuntimeError):

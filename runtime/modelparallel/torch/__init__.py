@@ -24,7 +24,8 @@ import os
 
 from shoal.modelparallel import __version__
 from shoal.modelparallel.topology import CommGroup, RankType
-from shoal.modelparallel.torch import amp, nn, state
+from shoal.modelparallel.torch import amp, nn, patches, state
+from shoal.modelparallel.torch.activations import set_activation_checkpointing
 from shoal.modelparallel.torch.checkpoint import load, resume_from_checkpoint, save, save_checkpoint
 from shoal.modelparallel.torch.comm import (
     allgather,
@@ -118,7 +119,7 @@ __all__ = [
     "dp_barrier", "mp_barrier", "pp_barrier", "rdp_barrier", "tp_barrier",
     "StepOutput", "DistributedModel", "DistributedOptimizer", "partition", "set_partition", "step",
     "model_creation", "set_tensor_parallelism", "tensor_parallelism", "tp_register",
-    "tp_register_with_module", "nn",
+    "tp_register_with_module", "nn", "set_activation_checkpointing", "patches",
     "WORLD", "PP_GROUP", "TP_GROUP", "RDP_GROUP", "DP_GROUP", "MP_GROUP",
     "init", "is_initialized", "is_tracing", "num_microbatches",
     "rank", "size", "local_rank", "local_size", "dp_rank", "dp_size", "pp_rank", "pp_size",

@@ -64,6 +64,14 @@ class ParallelDropout(torch.nn.Module):
             keep = keep.narrow(shard_dim, sum(sizes[:rank]), sizes[rank])
         return x * keep / (1.0 - self.p)
 
+    def mask_generator(self) -> torch.Generator | None:
+        """The generator this dropout's next mask comes from; None where it draws from
+        torch's default one (or draws nothing). Activation checkpointing restores it so the
+        recomputation drops what the forward dropped."""
+        if not self.training or self.p in (0.0, 1.0) or self._tp_size == 1:
+            return None
+        return self._generator_now()
+
     def _generator_now(self) -> torch.Generator:
         task = current_task()
         st = _state.current()

@@ -1,0 +1,295 @@
+"""``smp.set_activation_checkpointing``: modules whose activations are recomputed in the backward.
+
+A checkpointed module's forward runs under ``torch.utils.checkpoint.checkpoint(...,
+use_reentrant=False)``: only its inputs are kept for the backward, which runs the forward
+again. The module's forward itself is wrapped, so the checkpoint applies where the module
+runs: on the pipeline rank that owns it, when another rank calls it through the engine.
+
+An ``nn.Sequential`` is checkpointed by groups of its children (``strategy``): ``each`` child
+alone, ``contiguous`` all of them as one (under a pipeline, each run of consecutive children
+on one rank), ``group_<n>`` n consecutive children at a time (cut where the owner changes).
+Each group another rank owns is one call to that rank, which runs it checkpointed.
+
+A checkpoint whose modules live on more than one pipeline rank cannot be recomputed in one
+place: with auto-partition it runs unchecked (with a warning), with manual placement it is a
+``CheckpointingError``.
+
+Tensor parallelism's dropout draws its masks from generators of its own, which
+``preserve_rng_state`` does not cover: their states are taken when the checkpointed function
+first runs and put back while it runs again, so the recomputation drops the same elements.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+from shoal.modelparallel.errors import CheckpointingError, SMPUsageError
+from shoal.modelparallel.torch import placement
+from shoal.modelparallel.torch import state as _state
+from torch.utils.checkpoint import checkpoint as _torch_checkpoint
+
+log = logging.getLogger("shoal.modelparallel")
+
+_NOT_WRAPPED = ("The model needs to be wrapped with smp.DistributedModel before "
+                "set_activation_checkpointing can be called on a module")
+_NOT_SEQUENTIAL = "strategy can only be used when checkpointing Sequential modules"
+_STRATEGY = re.compile(r"^(?:each|contiguous|group_([1-9][0-9]*))$")
+
+
+@attrs.define
+class _Spec:
+    preserve_rng_state: bool
+    strategy: str
+    original: Callable | None  # a non-Sequential module's forward before it was wrapped
+
+
+_specs: weakref.WeakKeyDictionary[torch.nn.Module, _Spec] = weakref.WeakKeyDictionary()
+_hooked: weakref.WeakSet = weakref.WeakSet()  # models whose partitioning re-installs
+
+
+def set_activation_checkpointing(module: torch.nn.Module, preserve_rng_state: bool = True,
+                                 pack_args_as_tuple: bool = False,
+                                 strategy: str = "each") -> None:
+    """Checkpoints ``module`` (a module of the ``smp.DistributedModel``'s model)."""
+    st = _state.require()
+    model = st.model
+    if model is None:
+        raise SMPUsageError(_NOT_WRAPPED)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"set_activation_checkpointing needs an nn.Module "
+                        f"(got {type(module).__name__})")
+    check_strategy(module, strategy)
+    warn_packing(pack_args_as_tuple)
+    name = _name_in(model, module)
+    previous = _specs.get(module)
+    original = None
+    if not _is_sequential(module):
+        if previous is not None:
+            original = previous.original
+        elif model.partitioned:  # the engine holds the forward the owner runs
+            original = st.engine.forwards.get(name, module.forward)
+        else:
+            original = module.forward
+    spec = _specs[module] = _Spec(preserve_rng_state, strategy, original)
+    if model.partitioned:
+        _install(model, name, module, spec)
+        return
+    if _is_sequential(module):
+        children = list(module._modules.values())
+        groups = [(a, b, 0) for a, b in strategy_groups(len(children), strategy)]
+        module.forward = _grouped_forward(name, children, groups, spec, me=0)
+    else:
+        module.forward = _wrapped(original, [module], spec)
+    if model not in _hooked:
+        _hooked.add(model)
+        model.register_post_partition_hook(_after_partition)
+
+
+def check_strategy(module: torch.nn.Module, strategy: str) -> None:
+    if strategy != "each" and not isinstance(module, torch.nn.Sequential):
+        raise SMPUsageError(_NOT_SEQUENTIAL)
+    if not isinstance(strategy, str) or not _STRATEGY.match(strategy):
+        raise SMPUsageError(f"Unknown activation checkpointing strategy {strategy!r}; the "
+                            "valid strategies are 'each', 'contiguous' and 'group_<n>' "
+                            "(n a positive integer, e.g. 'group_2')")
+
+
+def strategy_groups(count: int, strategy: str) -> list[tuple[int, int]]:
+    """The [start, end) ranges of a Sequential's ``count`` children each checkpoint covers."""
+    if strategy == "each":
+        size = 1
+    elif strategy == "contiguous":
+        size = max(count, 1)
+    else:
+        size = int(_STRATEGY.match(strategy).group(1))
+    return [(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+def checkpointed_call(fn: Callable, modules: Sequence[torch.nn.Module], args, kwargs,
+                      preserve_rng_state: bool = True, what: str = "module"):
+    """``fn(*args, **kwargs)`` keeping only its inputs for the backward; ``modules`` are
+    those it runs (their tensor-parallel dropouts' generators are restored to recompute)."""
+    if not torch.is_grad_enabled():  # nothing to keep: a traced or evaluation forward
+        return _checked(fn(*args, **kwargs), what)
+    taken: list[tuple[torch.Generator, torch.Tensor]] = []
+    runs = 0
+
+    def body(*a, **k):
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            taken[:] = [(g, g.get_state()) for g in _dropout_generators(modules)]
+            return _checked(fn(*a, **k), what)
+        now = [(g, g.get_state()) for g, _ in taken]
+        for g, state in taken:
+            g.set_state(state)
+        try:
+            return fn(*a, **k)
+        finally:  # later calls continue from where the forward had left them
+            for g, state in now:
+                g.set_state(state)
+
+    return _torch_checkpoint(body, *args, use_reentrant=False,
+                             preserve_rng_state=preserve_rng_state, **kwargs)
+
+
+def runs_here(module: torch.nn.Module) -> bool:
+    """Whether all of ``module`` runs on this rank (always so before partitioning)."""
+    st = _state.current()
+    model = st.model if st is not None else None
+    if model is None or not model.partitioned or st.topology.pp_size == 1:
+        return True
+    names = {id(m): n for n, m in placement.named_modules(model.get_module()).items()}
+    if id(module) not in names:
+        return True
+    return _ranks_of(model.owner, names[id(module)]) == {st.engine.rank}
+
+
+# -- installing ---------------------------------------------------------------------------
+def _after_partition(model, _optimizer) -> None:
+    for name, module in placement.named_modules(model.get_module()).items():
+        spec = _specs.get(module)
+        if spec is not None:
+            _install(model, name, module, spec)
+
+
+def _install(model, name: str, module: torch.nn.Module, spec: _Spec) -> None:
+    """Wraps the forward the owner runs, and routes this rank's calls to the owner."""
+    st = _state.require()
+    engine, owner = st.engine, model.owner
+    me = engine.rank
+    if _is_sequential(module):
+        prefix = f"{name}." if name else ""
+        keys = [f"{prefix}{k}" for k in module._modules]
+        children = list(module._modules.values())
+        groups = []
+        for start, end in strategy_groups(len(children), spec.strategy):
+            for a, b, rank in _cut_by_owner(owner, keys, start, end):
+                if rank is None:
+                    _split(st, keys[a])
+                else:
+                    run = children[a:b]
+                    engine.forwards[f"{name}[{a}:{b}]"] = _wrapped(
+                        _run_of(run), run, spec, what=f"{name}[{a}:{b}]")
+                groups.append((a, b, rank))
+        forward = _grouped_forward(name, children, groups, spec, me)
+    elif len(_ranks_of(owner, name)) > 1:
+        _split(st, name)
+        forward = spec.original
+    else:
+        forward = _wrapped(spec.original, [module], spec, what=name)
+    engine.forwards[name] = forward
+    module.forward = forward if owner[name] == me else engine._dispatcher(name, forward)
+
+
+def _cut_by_owner(owner, keys, start, end):
+    """[a, b, rank] runs of children keys[start:end] that one rank holds wholly; a child
+    spread over several ranks is a run of its own with rank None."""
+    runs: list[list] = []
+    for i in range(start, end):
+        ranks = _ranks_of(owner, keys[i])
+        rank = next(iter(ranks)) if len(ranks) == 1 else None
+        if runs and rank is not None and runs[-1][2] == rank:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1, rank])
+    return [tuple(r) for r in runs]
+
+
+def _split(st, name: str) -> None:
+    text = (f"module {name or '<root>'!r} is checkpointed, but its modules are placed on "
+            "more than one pipeline partition")
+    if not st.cfg.auto_partition:
+        raise CheckpointingError(f"{text}; a checkpointed module must be placed on one "
+                                 "partition")
+    log.warning("%s by auto-partition: it runs without activation checkpointing", text)
+
+
+def _ranks_of(owner: dict[str, int], name: str) -> set[int]:
+    if not name:
+        return set(owner.values())
+    return {r for n, r in owner.items() if n == name or n.startswith(name + ".")}
+
+
+# -- running ------------------------------------------------------------------------------
+def _wrapped(fn: Callable, modules, spec: _Spec, what: str = "module") -> Callable:
+    def forward(*args, **kwargs):
+        return checkpointed_call(fn, modules, args, kwargs, spec.preserve_rng_state, what)
+    forward.__wrapped__ = fn
+    return forward
+
+
+def _run_of(children):
+    def run(x):
+        for child in children:
+            x = child(x)
+        return x
+    return run
+
+
+def _grouped_forward(name, children, groups, spec: _Spec, me: int) -> Callable:
+    """A Sequential's forward by checkpointed groups; a group another rank holds is one
+    call to that rank (which runs it checkpointed), a split one runs child by child."""
+    runs = [(a, b, rank, _wrapped(_run_of(children[a:b]), children[a:b], spec,
+                                  what=f"{name}[{a}:{b}]")) for a, b, rank in groups]
+
+    def forward(x):
+        engine = _state.require().engine
+        for a, b, rank, checkpointed in runs:
+            if rank is None:
+                for child in children[a:b]:
+                    x = child(x)
+            elif rank == me or not engine.active:
+                x = checkpointed(x)
+            else:
+                x = engine._remote_call(rank, f"{name}[{a}:{b}]", (x,), {})
+        return x
+
+    return forward
+
+
+def _dropout_generators(modules) -> list[torch.Generator]:
+    from shoal.modelparallel.torch.nn.dropout import ParallelDropout
+
+    found: dict[int, torch.Generator] = {}
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, ParallelDropout):
+                generator = sub.mask_generator()
+                if generator is not None:
+                    found.setdefault(id(generator), generator)
+    return list(found.values())
+
+
+def _checked(output, what: str):
+    if isinstance(output, (dict, set, frozenset)):
+        raise CheckpointingError(
+            f"the checkpointed {what} returned a {type(output).__name__}; a checkpointed "
+            "module's output must be a tensor or a tuple/list of them, not a dict or a set")
+    return output
+
+
+# -- small helpers ------------------------------------------------------------------------
+def _is_sequential(module: torch.nn.Module) -> bool:
+    return (isinstance(module, torch.nn.Sequential)
+            and type(module).forward is torch.nn.Sequential.forward)
+
+
+def warn_packing(pack_args_as_tuple: bool) -> None:
+    if pack_args_as_tuple:
+        warnings.warn("pack_args_as_tuple is deprecated and has no effect",
+                      DeprecationWarning, stacklevel=3)
+
+
+def _name_in(model, module: torch.nn.Module) -> str:
+    for name, candidate in placement.named_modules(model.get_module()).items():
+        if candidate is module:
+            return name
+    raise SMPUsageError("set_activation_checkpointing needs a module of the model wrapped "
+                        "by smp.DistributedModel")

@@ -7,8 +7,8 @@ wins, key by key), checks every parameter against the table in
 :class:`Config`. HF ``transformers`` reads ``smp.state.cfg.<key>``, so every parameter is
 an attribute under its SMP name.
 
-Parameters this runtime does not implement (sharded data parallelism, mixed precision,
-offloading, optimizer-state sharding) are refused with
+Parameters this runtime does not implement (sharded data parallelism, offloading,
+optimizer-state sharding, delayed parameter initialization) are refused with
 ``SMPUnsupportedError`` rather than silently ignored: a script asking for them expects
 different numerics or memory behaviour. Parameters that only tune SMP's GPU machinery are
 accepted and have no effect; :data:`ACCEPTED_WITHOUT_EFFECT` says why for each.
@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -70,9 +71,6 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
 # Features of SMP that this runtime does not have, with the test for "asked for".
 _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("sharded_data_parallel_degree", lambda v: v > 1),
-    ("fp16", bool),
-    ("bf16", bool),
-    ("fp16_params", bool),
     ("offload_activations", bool),
     ("shard_optimizer_state", bool),
     ("delayed_parameter_initialization", bool),
@@ -280,6 +278,7 @@ def resolve(
     for key, value in values.items():
         _check_known(key)
         _check_type(key, value)
+    _fp16_params_alias(values)
     if "pipeline" in values:
         values["pipeline_requested"] = values.pop("pipeline")
     cfg = Config(**values)
@@ -323,6 +322,15 @@ def _resolve_aliases(values: dict[str, Any]) -> None:
                 f"config parameter {name} and its alias {alias}."
             )
         values[name] = values.pop(alias)
+
+
+def _fp16_params_alias(values: dict[str, Any]) -> None:
+    """SMP's deprecated ``fp16_params`` asks for ``fp16`` (left alone next to ``bf16``, whose
+    rule then refuses it by name)."""
+    if values.get("fp16_params") and not values.get("bf16"):
+        warnings.warn("Config parameter fp16_params is deprecated and will be removed in a "
+                      "future release; use fp16 instead.", FutureWarning, stacklevel=3)
+        values["fp16"] = True
 
 
 def _check_known(key: Any) -> None:

@@ -335,9 +335,6 @@ def test_mp_size():
 
 REFUSED = [
     ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
-    ({"fp16": True}, "fp16=True"),
-    ({"bf16": True}, "bf16=True"),
-    ({"fp16_params": True}, "fp16_params=True"),
     ({"offload_activations": True}, "offload_activations=True"),
     ({"shard_optimizer_state": True}, "shard_optimizer_state=True"),
     ({"delayed_parameter_initialization": True}, "delayed_parameter_initialization=True"),
@@ -356,9 +353,9 @@ def test_unsupported_parameter_is_refused(config, named):
 
 def test_every_unsupported_parameter_is_named():
     rejects(
-        {"sharded_data_parallel_degree": 2, "ddp": True, "fp16": True},
+        {"sharded_data_parallel_degree": 2, "ddp": True, "offload_activations": True},
         "Shoal's model-parallel runtime does not implement: sharded_data_parallel_degree=2, "
-        "fp16=True. Leave these parameters at their defaults.",
+        "offload_activations=True. Leave these parameters at their defaults.",
         error=SMPUnsupportedError,
     )
 
@@ -366,10 +363,22 @@ def test_every_unsupported_parameter_is_named():
 def test_unsupported_from_environment():
     rejects(
         {},
-        "^Shoal's model-parallel runtime does not implement: fp16=True",
-        env(fp16=True),
+        "^Shoal's model-parallel runtime does not implement: shard_optimizer_state=True",
+        env(shard_optimizer_state=True),
         error=SMPUnsupportedError,
     )
+
+
+def test_fp16_and_bf16_are_taken():
+    assert (resolve({"fp16": True}, {}).fp16, resolve({"bf16": True}, {}).bf16) == (True, True)
+    assert unsupported(resolve({"bf16": True}, {})) == []
+    assert resolve({}, env(fp16=True)).fp16
+
+
+def test_fp16_params_is_the_deprecated_fp16():
+    with pytest.warns(FutureWarning, match="fp16_params is deprecated"):
+        cfg = resolve({"fp16_params": True}, {})
+    assert cfg.fp16 and cfg.fp16_params and unsupported(cfg) == []
 
 
 def test_unsupported_is_a_config_error():

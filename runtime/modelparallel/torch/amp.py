@@ -1,8 +1,10 @@
 """``smp.amp.GradScaler``: the loss scaler SMP scripts build for mixed precision.
 
-On Shoal's CPU runtime fp16 training is refused at ``smp.init``, so there is nothing to
-scale: the scaler is torch's own, disabled (``scale`` returns the loss, ``step`` steps the
-optimizer, ``update`` does nothing), and scripts that use it run unchanged.
+The scaler is torch's own, disabled (``scale`` returns the loss, ``step`` steps the
+optimizer, ``update`` does nothing): with ``fp16: True`` the loss scaling is the
+optimizer's (``smp.DistributedOptimizer``'s static or dynamic loss scale, applied by
+``model.backward``), so a script that also drives this scaler scales once, not twice, and
+without fp16 there is nothing to scale.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ class GradientSync:
 
     def _start(self, k: int) -> None:
         flat = self._flat(k)
-        handle = core.allreduce_async(flat.numpy(), op="average", group=self.group)
+        array, dtype = _typed(flat)
+        handle = core.allreduce_async(array, op="average", dtype=dtype, group=self.group)
         core.flush(self.group)  # a bucket is already the unit to reduce: no waiting to fuse
         if self.timeline is not None:
             self.timeline.instant("allreduce", "allreduce", bucket=k,
@@ -115,7 +116,8 @@ class GradientSync:
             flats = {}
             for k in range(len(self.buckets)):
                 flat = self._flat(k)
-                core.allreduce(flat.numpy(), op="average", group=self.group)
+                array, dtype = _typed(flat)
+                core.allreduce(array, op="average", dtype=dtype, group=self.group)
                 flats[k] = (flat, None)
         for k, (flat, _) in flats.items():
             offset = 0
@@ -127,6 +129,14 @@ class GradientSync:
         if self.timeline is not None:
             self.timeline.span("allreduce wait", "allreduce", began, self.timeline.now(),
                                started_early=self.started_early, redone=redo)
+
+
+def _typed(flat: torch.Tensor) -> tuple[np.ndarray, str | None]:
+    """``flat``'s storage as the core takes it: numpy has no bfloat16, so its bits go as
+    uint16 with the dtype named."""
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    return flat.numpy(), None
 
 
 def _bucket_indices(params: list[torch.nn.Parameter], limit: int) -> list[list[int]]:

@@ -9,6 +9,12 @@ buffer from data-parallel rank 0. Gradients are averaged over the microbatches
 gradient divided by their number) and, with ``ddp``, over the
 data-parallel group (gradsync.py: buckets start during the backward), so
 ``optimizer.step()`` sees the whole batch's gradient.
+
+With ``fp16`` or ``bf16`` (SMP's ``Bit16_Module``) the module's floating parameters and
+buffers become float16 / bfloat16, floating inputs are cast to that dtype and floating
+outputs back to float32 (``upscale_model_output=False`` keeps them 16-bit); the loss
+scale is applied in ``backward`` and the float32 master weights live in the optimizer
+(bit16.py).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ class DistributedModel(torch.nn.Module):
                  average_grads_across_microbatches: bool = True, bucket_cap_mb: int = 25,
                  trace_memory_usage: bool = False, broadcast_buffers: bool = True,
                  gradient_as_bucket_view: bool = False, find_unused_parameters: bool = False,
-                 **_ignored: Any) -> None:
+                 upscale_model_output: bool = True, **_ignored: Any) -> None:
         st = _state.require()
         if st.model is not None:
             raise SMPUsageError("smp.DistributedModel can be created only once per process")
@@ -66,6 +72,10 @@ class DistributedModel(torch.nn.Module):
         super().__init__()
         # Tensor parallelism: marked modules become smp.nn's distributed modules, here.
         module = _tp_registry.distribute(module)
+        self.half_dtype = half_dtype(st.cfg)
+        self.upscale_model_output = upscale_model_output
+        if self.half_dtype is not None:
+            module.to(self.half_dtype)  # in place: the Parameter objects stay the same
         self._layout = TensorLayout(module)
         self._tp_hooks = []
         if st.topology.tp_size > 1 and not st.cfg.prescaled_batch:
@@ -99,7 +109,11 @@ class DistributedModel(torch.nn.Module):
                 raise SMPUsageError(_FORWARD_OUTSIDE_STEP)
             if torch.is_grad_enabled():
                 self._outside_step = True
-        return self.module(*args, **kwargs)
+        if self.half_dtype is None:
+            return self.module(*args, **kwargs)
+        args, kwargs = _cast_floating((args, kwargs), self.half_dtype)
+        out = self.module(*args, **kwargs)
+        return _cast_floating(out, torch.float32) if self.upscale_model_output else out
 
     def backward(self, tensors, grad_tensors=None) -> None:
         """Replaces ``loss.backward()``: the backward runs across the pipeline."""
@@ -110,8 +124,11 @@ class DistributedModel(torch.nn.Module):
             raise SMPUsageError(_BACKWARD_OUTSIDE_STEP)
         st.engine.begin_backward()
         m = st.cfg.microbatches
-        if m > 1 and self.average_grads_across_microbatches:
-            tensors, grad_tensors = _scaled_roots(tensors, grad_tensors, 1.0 / m)
+        scale = 1.0 / m if m > 1 and self.average_grads_across_microbatches else 1.0
+        if st.cfg.fp16 and st.optimizer is not None:
+            scale *= getattr(st.optimizer, "loss_scale", 1.0)  # fp16: the loss scale
+        if scale != 1.0:
+            tensors, grad_tensors = _scaled_roots(tensors, grad_tensors, scale)
         torch.autograd.backward(tensors, grad_tensors)
 
     def get_module(self) -> torch.nn.Module:
@@ -359,6 +376,32 @@ class DistributedModel(torch.nn.Module):
                         value = self._layout.shard(key, value, tp_rank)
                     tensor.copy_(value)
         return None
+
+
+def half_dtype(cfg) -> torch.dtype | None:
+    """The parameters' dtype under ``fp16`` (or its deprecated ``fp16_params``) / ``bf16``."""
+    if cfg.fp16 or cfg.fp16_params:
+        return torch.float16
+    if cfg.bf16:
+        return torch.bfloat16
+    return None
+
+
+def _cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with its floating tensors (nested in lists, tuples, dicts, and
+    dataclass-like model outputs) in ``dtype``."""
+    from torch.utils._pytree import tree_map
+
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            return t.to(dtype)
+        return t
+
+    if hasattr(value, "to_tuple") and hasattr(value, "keys"):  # a transformers ModelOutput
+        for key in list(value.keys()):
+            value[key] = tree_map(cast, value[key])
+        return value
+    return tree_map(cast, value)
 
 
 def _scaled_roots(tensors, grad_tensors, scale: float):

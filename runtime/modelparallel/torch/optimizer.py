@@ -17,8 +17,12 @@ from shoal.modelparallel.topology import CommGroup
 from shoal.modelparallel.torch import state as _state
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: float = 1.0,  # noqa: N802 - SMP's name
-                         dynamic_loss_scale: bool = False, **dynamic_loss_args: Any):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - SMP's name
+                         static_loss_scale: float | None = 1.0, dynamic_loss_scale: bool = False,
+                         dynamic_loss_args: dict[str, Any] | None = None, **more_loss_args: Any):
+    """The optimizer for ``smp.DistributedModel``'s parameters. Without fp16/bf16 the loss
+    scale arguments have no effect; with them the 16-bit wrapper comes back
+    (:class:`Bit16Optimizer`, the user's optimizer as its ``.optimizer``)."""
     st = _state.require()
     if st.model is None:
         raise SMPUsageError("smp.DistributedModel call must take place before "
@@ -32,6 +36,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, static_loss_scale: fl
             if id(p) not in known:
                 raise SMPUsageError("every parameter of the optimizer must belong to the "
                                     "smp.DistributedModel")
+    from shoal.modelparallel.torch.model import half_dtype
+
+    if half_dtype(st.cfg) is not None:
+        from shoal.modelparallel.torch.bit16 import Bit16Optimizer
+
+        args = {**(dynamic_loss_args or {}), **more_loss_args}
+        st.optimizer = Bit16Optimizer(optimizer, st, static_loss_scale, dynamic_loss_scale, args)
+        return st.optimizer
     original_load = optimizer.load_state_dict
     original_state = optimizer.state_dict
     pending: list = []

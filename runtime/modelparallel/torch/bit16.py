@@ -121,8 +121,11 @@ class Bit16Optimizer:
         agreed by every rank."""
         if self._prepared:
             return
+        # A forward outside smp.step (tensor parallelism alone) had a plain loss.backward(),
+        # which no loss scale multiplied: its gradients are taken as they are.
+        plain = self._st.model._outside_step
         self._st.model.sync_outside_step()  # a plain backward's gradients, averaged first
-        inverse = 1.0 / self.scaler.loss_scale
+        inverse = 1.0 if plain else 1.0 / self.scaler.loss_scale
         bad = False
         for param, master in self._pairs:
             if param.grad is None or not master.numel():

@@ -7,8 +7,8 @@ wins, key by key), checks every parameter against the table in
 :class:`Config`. HF ``transformers`` reads ``smp.state.cfg.<key>``, so every parameter is
 an attribute under its SMP name.
 
-Parameters this runtime does not implement (sharded data parallelism, offloading,
-optimizer-state sharding, delayed parameter initialization) are refused with
+Parameters this runtime does not implement (sharded data parallelism, optimizer-state
+sharding) are refused with
 ``SMPUnsupportedError`` rather than silently ignored: a script asking for them expects
 different numerics or memory behaviour. Parameters that only tune SMP's GPU machinery are
 accepted and have no effect; :data:`ACCEPTED_WITHOUT_EFFECT` says why for each.
@@ -71,9 +71,7 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
 # Features of SMP that this runtime does not have, with the test for "asked for".
 _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("sharded_data_parallel_degree", lambda v: v > 1),
-    ("offload_activations", bool),
     ("shard_optimizer_state", bool),
-    ("delayed_parameter_initialization", bool),
 )
 
 # Accepted so that scripts written for SMP run unchanged, with no effect here. Every
@@ -81,7 +79,9 @@ _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
 # active_microbatches (the schedule), placement_strategy (the rank layout),
 # auto_partition, default_partition and memory_weight (partitioning), ddp (torch
 # process groups and gradient allreduce across replicas), tensor_parallel_degree,
-# optimize, prescaled_batch and tensor_parallel_seed (smp.nn's distributed modules).
+# optimize, prescaled_batch and tensor_parallel_seed (smp.nn's distributed modules),
+# offload_activations and activation_loading_horizon (offload.py),
+# delayed_parameter_initialization (smp.model_creation, delayed.py).
 ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "ddp_dist_backend": "NCCL and SMDDP need GPUs; torch process groups use Shoal's backend",
     "ddp_port": "torch process groups run over Shoal's collective core, which opens no port",
@@ -92,7 +92,6 @@ ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "load_partition": "a TensorFlow partition file feature (internal to SMP)",
     "partition_file": "a TensorFlow partition file feature (internal to SMP)",
     "predefined_hooks": "Hugging Face models are translated by smp.nn's own registry",
-    "activation_loading_horizon": "tunes activation offloading, which is refused",
     "sdp_reduce_bucket_size": "tunes sharded data parallelism, which is refused",
     "sdp_param_persistence_threshold": "tunes sharded data parallelism, which is refused",
     "sdp_max_live_parameters": "tunes sharded data parallelism, which is refused",

@@ -335,9 +335,7 @@ def test_mp_size():
 
 REFUSED = [
     ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
-    ({"offload_activations": True}, "offload_activations=True"),
     ({"shard_optimizer_state": True}, "shard_optimizer_state=True"),
-    ({"delayed_parameter_initialization": True}, "delayed_parameter_initialization=True"),
 ]
 
 
@@ -352,12 +350,11 @@ def test_unsupported_parameter_is_refused(config, named):
 
 
 def test_every_unsupported_parameter_is_named():
-    rejects(
-        {"sharded_data_parallel_degree": 2, "ddp": True, "offload_activations": True},
-        "Shoal's model-parallel runtime does not implement: sharded_data_parallel_degree=2, "
-        "offload_activations=True. Leave these parameters at their defaults.",
-        error=SMPUnsupportedError,
-    )
+    # The two left cannot be asked for together (SMP's own rule refuses it first).
+    cfg = resolve({}, {})
+    object.__setattr__(cfg, "sharded_data_parallel_degree", 2)
+    object.__setattr__(cfg, "shard_optimizer_state", True)
+    assert unsupported(cfg) == ["sharded_data_parallel_degree=2", "shard_optimizer_state=True"]
 
 
 def test_unsupported_from_environment():
@@ -401,7 +398,7 @@ def test_accepted_parameters_without_effect():
         "ddp": True, "ddp_dist_backend": "nccl", "ddp_port": 29500, "skip_tracing": True,
         "static_mode": True, "fast_mode": True, "deterministic_server": True,
         "load_partition": True, "partition_file": "p.json", "predefined_hooks": False,
-        "activation_loading_horizon": 2, "sdp_reduce_bucket_size": 10,
+        "sdp_reduce_bucket_size": 10,
         "sdp_param_persistence_threshold": 0, "sdp_max_live_parameters": 5,
         "sdp_hierarchical_allgather": False, "sdp_gradient_clipping": 0.5,
     }  # fmt: skip
@@ -409,6 +406,17 @@ def test_accepted_parameters_without_effect():
     for key, value in config.items():
         assert getattr(cfg, key) == value
     assert set(ACCEPTED_WITHOUT_EFFECT) <= set(config)
+
+
+def test_offloading_and_delayed_initialization_are_taken():
+    cfg = resolve({"offload_activations": True, "activation_loading_horizon": 2,
+                   "delayed_parameter_initialization": True}, {})
+    assert (cfg.offload_activations, cfg.activation_loading_horizon) == (True, 2)
+    assert cfg.delayed_parameter_initialization and unsupported(cfg) == []
+    assert resolve({}, {}).activation_loading_horizon == 4
+    assert "activation_loading_horizon" not in ACCEPTED_WITHOUT_EFFECT  # in effect
+    rejects({"activation_loading_horizon": 0},
+            "Config parameter activation_loading_horizon (0) cannot be less than 1.")
 
 
 def test_tensor_parallelism_is_taken():

@@ -40,6 +40,7 @@ from shoal.modelparallel.torch.comm import (
     send,
     tp_barrier,
 )
+from shoal.modelparallel.torch.delayed import delay_param_initialization
 from shoal.modelparallel.torch.microbatch import StepOutput
 from shoal.modelparallel.torch.model import DistributedModel
 from shoal.modelparallel.torch.optimizer import DistributedOptimizer
@@ -120,6 +121,7 @@ __all__ = [
     "StepOutput", "DistributedModel", "DistributedOptimizer", "partition", "set_partition", "step",
     "model_creation", "set_tensor_parallelism", "tensor_parallelism", "tp_register",
     "tp_register_with_module", "nn", "set_activation_checkpointing", "patches",
+    "delay_param_initialization",
     "WORLD", "PP_GROUP", "TP_GROUP", "RDP_GROUP", "DP_GROUP", "MP_GROUP",
     "init", "is_initialized", "is_tracing", "num_microbatches",
     "rank", "size", "local_rank", "local_size", "dp_rank", "dp_size", "pp_rank", "pp_size",

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 from shoal.modelparallel.errors import CheckpointingError, SMPUsageError
+from shoal.modelparallel.torch import offload as _offload
 from shoal.modelparallel.torch import placement
 from shoal.modelparallel.torch import state as _state
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
@@ -135,8 +136,9 @@ def checkpointed_call(fn: Callable, modules: Sequence[torch.nn.Module], args, kw
             for g, state in now:
                 g.set_state(state)
 
-    return _torch_checkpoint(body, *args, use_reentrant=False,
-                             preserve_rng_state=preserve_rng_state, **kwargs)
+    with _offload.saving():  # offload_activations: the inputs kept go to host memory
+        return _torch_checkpoint(body, *args, use_reentrant=False,
+                                 preserve_rng_state=preserve_rng_state, **kwargs)
 
 
 def runs_here(module: torch.nn.Module) -> bool:
@@ -152,6 +154,11 @@ def runs_here(module: torch.nn.Module) -> bool:
 
 
 # -- installing ---------------------------------------------------------------------------
+def has_checkpointing(model) -> bool:
+    """Whether some module of ``model`` is checkpointed."""
+    return any(m in _specs for m in model.get_module().modules())
+
+
 def _after_partition(model, _optimizer) -> None:
     for name, module in placement.named_modules(model.get_module()).items():
         spec = _specs.get(module)

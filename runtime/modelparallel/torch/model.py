@@ -27,6 +27,9 @@ import numpy as np
 import torch
 from shoal.dataparallel import core
 from shoal.modelparallel.errors import SMPUsageError
+from shoal.modelparallel.torch import activations as _activations
+from shoal.modelparallel.torch import delayed as _delayed
+from shoal.modelparallel.torch import offload as _offload
 from shoal.modelparallel.torch import placement as _partition
 from shoal.modelparallel.torch import state as _state
 from shoal.modelparallel.torch.gradsync import GradientSync
@@ -201,6 +204,7 @@ class DistributedModel(torch.nn.Module):
         self.owner = owner
         self.partitioned = True
         st.engine.install(modules, owner)
+        _delayed.materialise(self._user, self._owns)  # delay_param_initialization's modules
         self._release_others()
         if st.cfg.ddp:
             self._broadcast_from_dp_root()
@@ -211,6 +215,7 @@ class DistributedModel(torch.nn.Module):
             self.load_state_dict(state_dict, strict)
         for hook in self._post_partition_hooks:
             hook(self, st.optimizer)
+        _offload.note_partitioned(_activations.has_checkpointing(self))
 
     def _trace(self, run_traced: Callable[[], Any]) -> dict[str, _partition.ModuleTrace]:
         st = _state.require()
@@ -228,6 +233,7 @@ class DistributedModel(torch.nn.Module):
                 trace.output_bytes += _tensor_bytes(output)
             handles.append(module.register_forward_pre_hook(pre))
             handles.append(module.register_forward_hook(post))
+        _delayed.materialise(self._user)  # the trace runs the whole model
         st.tracing = True
         try:
             with torch.no_grad():

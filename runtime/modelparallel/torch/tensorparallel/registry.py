@@ -189,16 +189,22 @@ def _mark_outermost(module: torch.nn.Module, mark: Mark) -> bool:
 def model_creation(tensor_parallelism: bool = False, dtype: torch.dtype | None = None,
                    **tensor_parallel_config: Any):
     """SMP's one context for model creation: tensor parallelism for what is created inside
-    (its keyword arguments to the distributed modules) and the default dtype."""
+    (its keyword arguments to the distributed modules), the default dtype, and delayed
+    parameter initialization where the configuration sets ``delayed_parameter_initialization``."""
+    from shoal.modelparallel.torch.delayed import delay_param_initialization
+
+    st = _state.current()
+    delayed = bool(st is not None and st.cfg.delayed_parameter_initialization)
     previous = torch.get_default_dtype()
     try:
         if dtype is not None:
             torch.set_default_dtype(dtype)
-        if tensor_parallelism:
-            with globals()["tensor_parallelism"](True, **tensor_parallel_config):
+        with delay_param_initialization(enabled=delayed):
+            if tensor_parallelism:
+                with globals()["tensor_parallelism"](True, **tensor_parallel_config):
+                    yield
+            else:
                 yield
-        else:
-            yield
     finally:
         torch.set_default_dtype(previous)
 
@@ -326,7 +332,8 @@ def _copy_weights(original: torch.nn.Module, new: DistributedModule,
     shape match (a distributed module may translate names itself: ``load_original``; a
     registration may translate the original's state dict: ``translate``)."""
     if hasattr(new, "load_original"):
-        new.load_original(original)
+        if not any(t.is_meta for t in original.state_dict().values()):  # delayed: none yet
+            new.load_original(original)
         return
     state = original.state_dict()
     if translate is not None:

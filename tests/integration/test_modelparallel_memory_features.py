@@ -7,7 +7,8 @@ match the same model trained in one process (loss relative 1e-5, weights atol 1e
 blocks are checkpointed; the run is done without and with ``offload_activations`` (horizon
 2), which must give exactly the same losses and gradients, the hooks having packed and
 unpacked every checkpointed block's inputs. A third run partitions automatically (world
-rank 0 traces the whole model, materialised for the trace).
+rank 0 traces the whole model, materialised for the trace); a fourth uses tensor parallel 2
+alone, where the replaced Linear layers are created anew and the weights loaded after.
 
 This file is also the worker: ``python test_modelparallel_memory_features.py worker``.
 """
@@ -66,10 +67,11 @@ def worker() -> None:
         return names
 
     delayed.materialise = recording  # model.py calls it through the module
-    with smp.model_creation():
+    tp = case["config"].get("tensor_parallel_degree", 1) > 1
+    with smp.model_creation(tensor_parallelism=tp):
         net = build()
     assert all(p.is_meta for p in net.parameters())
-    if not case["config"]["auto_partition"]:
+    if not tp and not case["config"]["auto_partition"]:
         smp.set_partition(net.inp, 0)
         for i, block in enumerate(net.blocks):
             smp.set_partition(block, i * 2 // BLOCKS)
@@ -124,7 +126,16 @@ def worker() -> None:
 
 
 def check_materialised(smp, model, reference, materialised, case):
+    import torch
+
     """This rank materialised its own modules' parameters, and only those."""
+    if case["config"].get("tensor_parallel_degree", 1) > 1:
+        # Every Linear was replaced by a DistributedLinear created (initialised) anew.
+        assert materialised == [], materialised
+        assert all(isinstance(m, smp.nn.DistributedLinear) for m in model.get_module().modules()
+                   if isinstance(m, torch.nn.Linear) or "Linear" in type(m).__name__)
+        assert not any(p.is_meta for p in model.get_module().parameters())
+        return
     owned = {n for n, _ in model.local_named_parameters()}
     assert owned and set(materialised) >= owned, (materialised, owned)
     if smp.rank() != 0 or not case["config"]["auto_partition"]:  # rank 0 traced: all
@@ -145,6 +156,7 @@ CASES = {
     "plain": BASE,
     "offload": {**BASE, "offload_activations": True, "activation_loading_horizon": 2},
     "auto": {**BASE, "auto_partition": True},
+    "tp": {"tensor_parallel_degree": 2, "ddp": True, "delayed_parameter_initialization": True},
 }
 
 

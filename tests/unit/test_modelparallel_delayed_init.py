@@ -204,3 +204,24 @@ def test_offloading_without_checkpointing_says_so(smp, caplog, monkeypatch):
     with caplog.at_level("INFO", logger="shoal.modelparallel"):
         checkpointed_losses(smp, {"offload_activations": True}, checkpoint=False, steps=2)
     assert caplog.text.count("no module is checkpointed") == 1
+
+
+def test_bf16_masters_made_before_materialisation(smp):
+    smp.init({"delayed_parameter_initialization": True, "bf16": True})
+    with smp.model_creation():
+        net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = smp.DistributedModel(net)
+    optimizer = smp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+    @smp.step
+    def step(model, x):
+        loss = model(x).float().square().mean()
+        model.backward(loss)
+        return loss
+
+    step(model, torch.randn(3, 4))
+    masters = [m for group in optimizer.optimizer.param_groups for m in group["params"]]
+    assert masters and not any(m.is_meta for m in masters)
+    assert masters[0].dtype == torch.float32 and masters[0].equal(net[0].weight.float())
+    optimizer.step()
+    assert net[0].weight.dtype == torch.bfloat16 and not net[0].weight.is_meta

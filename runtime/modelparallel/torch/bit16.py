@@ -165,7 +165,13 @@ class Bit16Optimizer:
     def _refresh_masters(self) -> None:
         with torch.no_grad():
             for param, master in self._pairs:
-                master.data = param.detach().float().clone()
+                value = param.detach().float().clone()
+                if master.is_meta:  # delayed initialization: made before it had storage
+                    from shoal.modelparallel.torch.delayed import give_storage
+
+                    give_storage(master, value)
+                else:
+                    master.data = value
         for master in [m for _, m in self._pairs if not m.numel()]:
             self.optimizer.state.pop(master, None)
 

@@ -134,10 +134,10 @@ def materialise(root: torch.nn.Module, owns=lambda _name: True) -> list[str]:
                 continue
             if not owns(name):
                 for _, param in params:
-                    _swap(param, torch.empty(0, dtype=param.dtype))
+                    give_storage(param, torch.empty(0, dtype=param.dtype))
                 continue
             for _, param in params:
-                _swap(param, torch.empty_like(param, device="cpu"))
+                give_storage(param, torch.empty_like(param, device="cpu"))
             full = [f"{name}.{n}" if name else n for n, _ in params]
             done += full
             reset = getattr(module, "reset_parameters", None)
@@ -159,7 +159,8 @@ def materialise(root: torch.nn.Module, owns=lambda _name: True) -> list[str]:
     return done
 
 
-def _swap(param: torch.nn.Parameter, storage: torch.Tensor) -> None:
+def give_storage(param: torch.nn.Parameter, storage: torch.Tensor) -> None:
+    """``param`` (on ``meta``) takes ``storage`` in place: the same Parameter object."""
     new = torch.nn.Parameter(storage, requires_grad=param.requires_grad)
     try:
         torch.utils.swap_tensors(param, new)

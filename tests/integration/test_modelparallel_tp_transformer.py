@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_collectives import MPI_MARKS, run_mpi  # noqa: E402
+from test_modelparallel_tensor_parallel import check_replicas_agree  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 pytestmark = [*MPI_MARKS, pytest.mark.torch]
@@ -125,14 +126,6 @@ def worker() -> None:
     smp.barrier()
     print(f"rank {smp.rank()} tp {smp.tp_rank()} pp {smp.pp_rank()} rdp {smp.rdp_rank()}: "
           f"loss {global_loss:.6f}: 1 cases ok", flush=True)
-
-
-def check_replicas_agree(smp, model):
-    """Each parameter equals its replicas: shards over RDP_GROUP, the rest over DP_GROUP."""
-    for name, param in model.local_named_parameters():
-        group = smp.RDP_GROUP if model.is_scaled_batch_parameter(param) else smp.DP_GROUP
-        values = smp.allgather(param.detach().clone(), group)
-        assert all(v.equal(values[0]) for v in values), name
 
 
 CASES = {

@@ -183,7 +183,7 @@ def _install(model, name: str, module: torch.nn.Module, spec: _Spec) -> None:
                 else:
                     run = children[a:b]
                     engine.forwards[f"{name}[{a}:{b}]"] = _wrapped(
-                        _run_of(run), run, spec, what=f"{name}[{a}:{b}]")
+                        run_of(run), run, spec, what=f"{name}[{a}:{b}]")
                 groups.append((a, b, rank))
         forward = _grouped_forward(name, children, groups, spec, me)
     elif len(_ranks_of(owner, name)) > 1:
@@ -232,7 +232,8 @@ def _wrapped(fn: Callable, modules, spec: _Spec, what: str = "module") -> Callab
     return forward
 
 
-def _run_of(children):
+def run_of(children):
+    """One callable running ``children`` in a row (a Sequential's slice)."""
     def run(x):
         for child in children:
             x = child(x)
@@ -243,7 +244,7 @@ def _run_of(children):
 def _grouped_forward(name, children, groups, spec: _Spec, me: int) -> Callable:
     """A Sequential's forward by checkpointed groups; a group another rank holds is one
     call to that rank (which runs it checkpointed), a split one runs child by child."""
-    runs = [(a, b, rank, _wrapped(_run_of(children[a:b]), children[a:b], spec,
+    runs = [(a, b, rank, _wrapped(run_of(children[a:b]), children[a:b], spec,
                                   what=f"{name}[{a}:{b}]")) for a, b, rank in groups]
 
     def forward(x):

@@ -42,14 +42,6 @@ def checkpoint_sequential(sequential: torch.nn.Sequential, input, strategy: str 
             for child in group:
                 x = child(x)
             continue
-        x = activations.checkpointed_call(_run_of(group), group, (x,), {}, preserve_rng_state,
+        x = activations.checkpointed_call(activations.run_of(group), group, (x,), {}, preserve_rng_state,
                                           what=f"children [{start}:{end}]")
     return x
-
-
-def _run_of(children):
-    def run(x):
-        for child in children:
-            x = child(x)
-        return x
-    return run

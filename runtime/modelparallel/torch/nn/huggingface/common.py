@@ -123,3 +123,11 @@ def additive_mask(mask: torch.Tensor | None, hidden_states: torch.Tensor,
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             ~mask, mask_value)
     return mask.to(dtype).expand(n, 1, s, s).contiguous()
+
+
+def causal_lm_output(outputs):
+    """The LM head's ``(loss, logits)`` or logits as Hugging Face's causal-LM output."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    loss, logits = outputs if isinstance(outputs, tuple) else (None, outputs)
+    return CausalLMOutputWithPast(loss=loss, logits=logits)

@@ -99,11 +99,7 @@ def forward_hook(input_ids=None, past_key_values=None, attention_mask=None, toke
     return (inputs,), {}
 
 
-def return_hook(outputs):
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    loss, logits = outputs if isinstance(outputs, tuple) else (None, outputs)
-    return CausalLMOutputWithPast(loss=loss, logits=logits)
+return_hook = common.causal_lm_output
 
 
 def register() -> None:

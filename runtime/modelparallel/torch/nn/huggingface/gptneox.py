@@ -123,11 +123,7 @@ def forward_hook(input_ids=None, attention_mask=None, position_ids=None, inputs_
     return (inputs,), {}
 
 
-def return_hook(outputs):
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    loss, logits = outputs if isinstance(outputs, tuple) else (None, outputs)
-    return CausalLMOutputWithPast(loss=loss, logits=logits)
+return_hook = common.causal_lm_output
 
 
 def register() -> None:

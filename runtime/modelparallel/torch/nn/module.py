@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import attrs
 import torch
 from shoal.modelparallel.torch import state as _state
+from shoal.modelparallel.torch.tensorparallel import collectives
 from shoal.modelparallel.torch.tensorparallel.collectives import local_offset, local_sizes
 
 
@@ -57,15 +58,8 @@ class DistributedModule(torch.nn.Module):
         return True
 
     # -- the group ---------------------------------------------------------------------
-    @staticmethod
-    def tp_rank() -> int:
-        st = _state.current()
-        return st.topology.tp_rank if st is not None else 0
-
-    @staticmethod
-    def tp_size() -> int:
-        st = _state.current()
-        return st.topology.tp_size if st is not None else 1
+    tp_rank = staticmethod(collectives.tp_rank)
+    tp_size = staticmethod(collectives.tp_size)
 
     @staticmethod
     def prescaled_batch() -> bool:

@@ -403,11 +403,6 @@ def sum_everywhere(x: torch.Tensor) -> torch.Tensor:
     return x if _solo() else _SumEverywhere.apply(x, group())
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """The sum over ranks, without autograd (statistics, checks)."""
-    return x if _solo() else _all_reduce(group(), x.detach())
-
-
 def all_gather_objects_free(x: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
     """Every rank's tensor, without autograd (state dicts)."""
     if _solo():

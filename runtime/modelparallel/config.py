@@ -7,8 +7,7 @@ wins, key by key), checks every parameter against the table in
 :class:`Config`. HF ``transformers`` reads ``smp.state.cfg.<key>``, so every parameter is
 an attribute under its SMP name.
 
-Parameters this runtime does not implement (sharded data parallelism, optimizer-state
-sharding) are refused with
+Parameters this runtime does not implement (sharded data parallelism) are refused with
 ``SMPUnsupportedError`` rather than silently ignored: a script asking for them expects
 different numerics or memory behaviour. Parameters that only tune SMP's GPU machinery are
 accepted and have no effect; :data:`ACCEPTED_WITHOUT_EFFECT` says why for each.
@@ -71,7 +70,6 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
 # Features of SMP that this runtime does not have, with the test for "asked for".
 _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("sharded_data_parallel_degree", lambda v: v > 1),
-    ("shard_optimizer_state", bool),
 )
 
 # Accepted so that scripts written for SMP run unchanged, with no effect here. Every
@@ -81,7 +79,8 @@ _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
 # process groups and gradient allreduce across replicas), tensor_parallel_degree,
 # optimize, prescaled_batch and tensor_parallel_seed (smp.nn's distributed modules),
 # offload_activations and activation_loading_horizon (offload.py),
-# delayed_parameter_initialization (smp.model_creation, delayed.py).
+# delayed_parameter_initialization (smp.model_creation, delayed.py),
+# shard_optimizer_state (optstate.py).
 ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "ddp_dist_backend": "NCCL and SMDDP need GPUs; torch process groups use Shoal's backend",
     "ddp_port": "torch process groups run over Shoal's collective core, which opens no port",

@@ -54,7 +54,6 @@ def test_import_initializes_under_mpirun_with_parameters_unless_manual():
 @pytest.mark.parametrize("parameters, expected", [
     ({"tensor_parallel_degree": 2}, "tensor_parallel_degree to non-default value 2 requires ddp"),
     ({"tensor_parallel_degree": 2, "ddp": True}, "must be divisible by pipeline_parallel_degree"),
-    ({"shard_optimizer_state": True}, "shard_optimizer_state=True"),
     ({"bf16": True, "fp16": True}, "bf16 to non-default value True requires fp16"),
     ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
     ({"microbatchs": 2}, "Unrecognized config parameter microbatchs"),

@@ -335,7 +335,6 @@ def test_mp_size():
 
 REFUSED = [
     ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
-    ({"shard_optimizer_state": True}, "shard_optimizer_state=True"),
 ]
 
 
@@ -350,18 +349,16 @@ def test_unsupported_parameter_is_refused(config, named):
 
 
 def test_every_unsupported_parameter_is_named():
-    # The two left cannot be asked for together (SMP's own rule refuses it first).
     cfg = resolve({}, {})
     object.__setattr__(cfg, "sharded_data_parallel_degree", 2)
-    object.__setattr__(cfg, "shard_optimizer_state", True)
-    assert unsupported(cfg) == ["sharded_data_parallel_degree=2", "shard_optimizer_state=True"]
+    assert unsupported(cfg) == ["sharded_data_parallel_degree=2"]
 
 
 def test_unsupported_from_environment():
     rejects(
         {},
-        "^Shoal's model-parallel runtime does not implement: shard_optimizer_state=True",
-        env(shard_optimizer_state=True),
+        "^Shoal's model-parallel runtime does not implement: sharded_data_parallel_degree=2",
+        env(sharded_data_parallel_degree=2),
         error=SMPUnsupportedError,
     )
 

@@ -8,6 +8,11 @@ gradients; bf16 has float32's exponent range and is not scaled. A step whose gra
 hold an inf or NaN on any rank is skipped on every rank (one small allreduce over the
 world decides, so that the replicas and pipeline stages stay in step), with
 ``optimizer.overflow`` set.
+
+With ``shard_optimizer_state`` (optstate.py) the masters are what is sharded: a rank keeps
+the float32 masters (and so the optimizer state) of the parameters it owns only, the others
+are empty as other pipeline stages' are; the step ends with the allgather of the updated
+16-bit parameters, and the gradient norm sums each owner's share over the world.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ class Bit16Optimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, st: _state.State,
                  static_loss_scale: float | None, dynamic_loss_scale: bool,
-                 dynamic_loss_args: dict[str, Any]) -> None:
+                 dynamic_loss_args: dict[str, Any], sharding=None) -> None:
         self.optimizer = optimizer
         self._st = st
+        self._sharding = sharding  # optstate.Sharding with shard_optimizer_state
         if st.cfg.fp16:
             self.scaler = make_scaler(static_loss_scale, dynamic_loss_scale, dynamic_loss_args)
         else:
@@ -113,6 +119,8 @@ class Bit16Optimizer:
             for param, master in self._pairs:
                 if master.numel() and master.grad is not None:
                     param.copy_(master)
+        if self._sharding is not None:
+            self._sharding.gather()
         self.scaler.update(False)
         return out
 
@@ -149,6 +157,10 @@ class Bit16Optimizer:
         st = self._st
         first = st.topology.tp_rank == 0
         mine = [g for p, g in grads if first or st.model.is_distributed_parameter(p)]
+        group = st.core_group(CommGroup.MP_GROUP)
+        if self._sharding is not None:  # each gradient on its owner only: summed over all
+            mine = [g for p, g in grads if self._sharding.counts_in_norm(p)]
+            group = None if st.topology.size > 1 else _state.SOLO
         if math.isinf(norm_type):
             local = max((float(g.abs().max()) for g in mine if g.numel()), default=0.0)
             op = "max"
@@ -157,7 +169,6 @@ class Bit16Optimizer:
                         for g in mine)
             op = "sum"
         total = np.array([local], dtype=np.float64)
-        group = st.core_group(CommGroup.MP_GROUP)
         if group is not _state.SOLO:
             core.allreduce(total, op=op, group=group)
         return float(total[0]) if math.isinf(norm_type) else float(total[0]) ** (1.0 / norm_type)
@@ -166,6 +177,8 @@ class Bit16Optimizer:
         with torch.no_grad():
             for param, master in self._pairs:
                 value = param.detach().float().clone()
+                if self._sharding is not None and not self._sharding.owns(param):
+                    value = torch.empty(0)  # another replica's to step
                 if master.is_meta:  # delayed initialization: made before it had storage
                     from shoal.modelparallel.torch.delayed import give_storage
 
@@ -176,10 +189,18 @@ class Bit16Optimizer:
             self.optimizer.state.pop(master, None)
 
     # -- state dicts ---------------------------------------------------------------------------
-    def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:  # noqa: ARG002
+    def local_state_dict(self, *args, gather_if_shard: bool = True,
+                         **kwargs) -> dict[str, Any]:  # noqa: ARG002
+        """This stage's masters and optimizer state; with ``shard_optimizer_state``,
+        gathered from the replicas unless ``gather_if_shard`` is False (this rank's shard)."""
+        inner = self.optimizer.state_dict()
+        masters = [m.detach().clone() if m.numel() else None for _, m in self._pairs]
+        if self._sharding is not None and gather_if_shard:
+            inner["state"], masters = self._sharding.gather_state(
+                inner["state"], masters, [p for p, _ in self._pairs])
         return {
-            "optimizer_state_dict": self.optimizer.state_dict(),
-            "fp32_from_fp16": [m.detach().clone() if m.numel() else None for _, m in self._pairs],
+            "optimizer_state_dict": inner,
+            "fp32_from_fp16": masters,
             "loss_scaler": self.scaler.state_dict(),
             "dynamic_loss_scale": self.scaler.dynamic,
             "overflow": self.overflow,
@@ -187,8 +208,17 @@ class Bit16Optimizer:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Every pipeline stage's masters and optimizer state (call it on all of them)."""
+        """Every pipeline stage's masters and optimizer state (call it on all of them);
+        with ``shard_optimizer_state``, this stage's only, as SMP does."""
         from shoal.modelparallel.torch import comm
+
+        if self._sharding is not None:
+            import warnings
+
+            from shoal.modelparallel.torch.optstate import LOCAL_ONLY
+
+            warnings.warn(LOCAL_ONLY, stacklevel=2)
+            return self.local_state_dict()
 
         parts = comm.allgather(self.local_state_dict(), CommGroup.PP_GROUP)
         merged = {k: v for k, v in parts[0].items() if k != "_smp_is_partial"}

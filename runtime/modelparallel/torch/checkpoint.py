@@ -3,6 +3,11 @@
 ``partial=True`` (what ``local_state_dict`` holds): every calling rank writes
 ``{f}_{pp_rank}_{tp_rank}.pt`` and reads its own part back; a checkpoint whose parts do not
 match this job's pipeline is refused. ``partial=False``: only rank 0 writes ``f``.
+
+With ``shard_optimizer_state`` each data-parallel replica holds a different part of the
+optimizer state, so every rank saves its own (``v3=True``:
+``{f}_{pp_rank}_{tp_rank}_{rdp_rank}.pt``, what ``save_checkpoint`` does for the optimizer)
+and a partial load takes this rank's v3 file where there is one.
 """
 
 from __future__ import annotations
@@ -47,13 +52,16 @@ def load(f: str, map_location=None, pickle_module=None, pickle_load_args=None,
         return torch.load(str(f), map_location=map_location, **kwargs)
     _check_parts(str(f), topo.pp_size, topo.tp_size)
     path = _part_path(str(f), topo.pp_rank, topo.tp_rank)
-    if back_compat and not os.path.exists(path):
+    v3 = f"{f}_{_rank_suffix(topo)}.pt"
+    if _state.require().cfg.shard_optimizer_state and os.path.exists(v3):
+        path = v3  # this replica's shard of the optimizer state
+    elif back_compat and not os.path.exists(path):
         path = f"{f}_{topo.pp_rank}"
     return torch.load(path, map_location=map_location, **kwargs)
 
 
 def _check_parts(f: str, pp: int, tp: int) -> None:
-    pattern = re.compile(re.escape(os.path.basename(f)) + r"_(\d+)_(\d+)\.pt$")
+    pattern = re.compile(re.escape(os.path.basename(f)) + r"_(\d+)_(\d+)(?:_\d+)?\.pt$")
     found = [m for m in (pattern.match(os.path.basename(p)) for p in glob.glob(f"{glob.escape(f)}_*.pt")) if m]
     if not found:
         return  # a single part or the old naming: torch.load says what is missing
@@ -75,7 +83,8 @@ def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optim
     """Writes a checkpoint under ``path`` (every rank calls it).
 
     Partial: ``{path}/{tag}_partial/model_{pp}_{tp}_{rdp}.pt`` and ``optimizer_...pt`` from
-    each data-parallel replica's first rank, ``user_content.pt`` from rank 0. Full: the
+    each data-parallel replica's first rank (with ``shard_optimizer_state``, the optimizer
+    part from every rank: its shard), ``user_content.pt`` from rank 0. Full: the
     gathered model and optimizer state in ``{path}/{tag}`` from rank 0, the model under the
     original's names where tensor parallelism replaced a translated (Hugging Face) model and
     ``translate_if_full`` holds. ``{path}/newest``
@@ -90,13 +99,15 @@ def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optim
     if partial:
         folder = os.path.join(str(path), f"{tag}_partial")
         os.makedirs(folder, exist_ok=True)
-        if topo.rdp_rank == 0:
-            suffix = _rank_suffix(topo)
-            if model is not None:
-                torch.save(model.local_state_dict(), os.path.join(folder, f"model_{suffix}.pt"))
-            if optimizer is not None:
-                torch.save(optimizer.local_state_dict(),
-                           os.path.join(folder, f"optimizer_{suffix}.pt"))
+        suffix = _rank_suffix(topo)
+        if topo.rdp_rank == 0 and model is not None:
+            torch.save(model.local_state_dict(), os.path.join(folder, f"model_{suffix}.pt"))
+        if optimizer is not None and st.cfg.shard_optimizer_state:
+            torch.save(optimizer.local_state_dict(gather_if_shard=False),
+                       os.path.join(folder, f"optimizer_{suffix}.pt"))
+        elif optimizer is not None and topo.rdp_rank == 0:
+            torch.save(optimizer.local_state_dict(),
+                       os.path.join(folder, f"optimizer_{suffix}.pt"))
         if topo.rank == 0:
             torch.save(user_content, os.path.join(folder, "user_content.pt"))
     else:
@@ -161,6 +172,13 @@ def resume_from_checkpoint(path: str, tag: str | None = None, partial: bool = Tr
     if st.model is not None:
         st.model.load_state_dict(torch.load(model_file, weights_only=False), strict)
     optimizer_file = os.path.join(folder, f"optimizer_{suffix}.pt")
+    if st.cfg.shard_optimizer_state:  # this replica's shard
+        optimizer_file = os.path.join(folder, f"optimizer_{_rank_suffix(topo)}.pt")
+        saved = len(glob.glob(os.path.join(glob.escape(folder), "optimizer_*.pt")))
+        if load_optimizer and (saved != topo.size or not os.path.exists(optimizer_file)):
+            raise SMPCheckpointError(
+                f"{optimizer_file}: a sharded optimizer state loads on the layout that saved "
+                f"it, one part per rank ({saved} parts found for {topo.size} ranks)")
     if load_optimizer and st.optimizer is not None and os.path.exists(optimizer_file):
         st.optimizer.load_state_dict(torch.load(optimizer_file, weights_only=False))
     content = os.path.join(folder, "user_content.pt")

@@ -13,6 +13,11 @@ parameter reached more often than the step before: a data-dependent model) costs
 never correctness: the replicas agree on it with one small allreduce, drop the early
 results and reduce the final gradients again. The first step, with nothing to go by,
 reduces after the backward.
+
+With optimizer-state sharding (optstate.py) each gradient is needed by its owner only:
+:meth:`GradientSync.shard` regroups the buckets by owner, and the end of the step reduces
+each bucket onto its owner (half an allreduce's traffic); the other members drop those
+gradients.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class GradientSync:
         self.group = group
         self.every = every
         self.overlap = overlap
+        self.bucket_bytes = bucket_bytes
+        self.owners: list[int] | None = None  # optimizer-state sharding: each one's owner
+        self.me = 0  # this rank in ``group``
         self.buckets = _bucket_indices(self.params, bucket_bytes)
         self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
         self._lock = threading.Lock()
@@ -46,6 +54,14 @@ class GradientSync:
         self.redone = False
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(functools.partial(self._accumulated, i))
+
+    def shard(self, owners: list[int], me: int) -> None:
+        """Reduces each parameter's gradient onto ``owners[i]`` (a rank of the group; this
+        rank is ``me``) instead of every member, after the backward."""
+        self.owners, self.me = list(owners), me
+        self.overlap = False  # the core's reduce is synchronous: one call per bucket, at the end
+        self.buckets = _bucket_indices(self.params, self.bucket_bytes, self.owners)
+        self._bucket_of = {i: k for k, bucket in enumerate(self.buckets) for i in bucket}
 
     def _reset(self) -> None:
         self._counts = [0] * len(self.params)
@@ -96,6 +112,9 @@ class GradientSync:
         self._steps += 1
         if self._steps % self.every:
             return
+        if self.owners is not None:
+            self._reduce_to_owners()
+            return
         with self._lock:
             early = len(self._flats)
             # Whether any replica may have started early: the same on every replica.
@@ -131,6 +150,26 @@ class GradientSync:
                                started_early=self.started_early, redone=redo)
 
 
+    def _reduce_to_owners(self) -> None:
+        with self._lock:
+            self._expected = self._counts
+            self._reset()
+        for k, bucket in enumerate(self.buckets):
+            owner = self.owners[bucket[0]]
+            flat = self._flat(k)
+            array, dtype = _typed(flat)
+            core.reduce(array, op="average", root=owner, dtype=dtype, group=self.group)
+            offset = 0
+            for i in bucket:
+                param = self.params[i]
+                if owner == self.me:
+                    param.grad.detach().copy_(flat[offset:offset + param.numel()].view_as(param))
+                else:
+                    param.grad = None  # the owner steps it; this copy would only take memory
+                offset += param.numel()
+        self.started_early, self.redone = 0, False
+
+
 def _typed(flat: torch.Tensor) -> tuple[np.ndarray, str | None]:
     """``flat``'s storage as the core takes it: numpy has no bfloat16, so its bits go as
     uint16 with the dtype named."""
@@ -139,19 +178,21 @@ def _typed(flat: torch.Tensor) -> tuple[np.ndarray, str | None]:
     return flat.numpy(), None
 
 
-def _bucket_indices(params: list[torch.nn.Parameter], limit: int) -> list[list[int]]:
+def _bucket_indices(params: list[torch.nn.Parameter], limit: int,
+                    owners: list[int] | None = None) -> list[list[int]]:
     """Indices of ``params`` in buckets of at most ``limit`` bytes (one parameter at least),
-    one dtype each, from the last parameter to the first."""
+    one dtype (and one owner, if given) each, from the last parameter to the first."""
     buckets: list[list[int]] = []
-    open_: dict[torch.dtype, tuple[list[int], int]] = {}
+    open_: dict[tuple, tuple[list[int], int]] = {}
     for i in reversed(range(len(params))):
         p = params[i]
         size = p.numel() * p.element_size()
-        bucket, used = open_.get(p.dtype, ([], 0))
+        key = (p.dtype, owners[i] if owners is not None else 0)
+        bucket, used = open_.get(key, ([], 0))
         if bucket and used + size > limit:
             buckets.append(bucket)
             bucket, used = [], 0
         bucket.append(i)
-        open_[p.dtype] = (bucket, used + size)
+        open_[key] = (bucket, used + size)
     buckets.extend(bucket for bucket, _ in open_.values() if bucket)
     return buckets

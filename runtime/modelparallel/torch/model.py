@@ -72,6 +72,9 @@ class DistributedModel(torch.nn.Module):
             raise TypeError(f"smp.DistributedModel needs an nn.Module (got {type(module).__name__})")
         if backward_passes_per_step < 1:
             raise ValueError(f"'backward_passes_per_step' must be >= 1 (got {backward_passes_per_step})")
+        from shoal.modelparallel.torch.optstate import check_model
+
+        check_model(st.cfg, gradient_as_bucket_view)  # shard_optimizer_state's conditions
         super().__init__()
         # Tensor parallelism: marked modules become smp.nn's distributed modules, here.
         module = _tp_registry.distribute(module)

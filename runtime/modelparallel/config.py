@@ -57,7 +57,6 @@ _TYPES: Mapping[str, tuple[type, ...]] = MappingProxyType({
 # second to hold the given value.
 _REQUIRES: tuple[tuple[str, str, Any], ...] = (
     ("tensor_parallel_degree", "ddp", True),
-    ("sharded_data_parallel_degree", "tensor_parallel_degree", 1),
     ("sharded_data_parallel_degree", "pipeline_parallel_degree", 1),
     ("sharded_data_parallel_degree", "shard_optimizer_state", False),
     ("ddp_port", "ddp", True),
@@ -69,7 +68,6 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
 
 # Features of SMP that this runtime does not have, with the test for "asked for".
 _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
-    ("sharded_data_parallel_degree", lambda v: v > 1),
 )
 
 # Accepted so that scripts written for SMP run unchanged, with no effect here. Every
@@ -91,11 +89,6 @@ ACCEPTED_WITHOUT_EFFECT: Mapping[str, str] = MappingProxyType({
     "load_partition": "a TensorFlow partition file feature (internal to SMP)",
     "partition_file": "a TensorFlow partition file feature (internal to SMP)",
     "predefined_hooks": "Hugging Face models are translated by smp.nn's own registry",
-    "sdp_reduce_bucket_size": "tunes sharded data parallelism, which is refused",
-    "sdp_param_persistence_threshold": "tunes sharded data parallelism, which is refused",
-    "sdp_max_live_parameters": "tunes sharded data parallelism, which is refused",
-    "sdp_hierarchical_allgather": "tunes sharded data parallelism, which is refused",
-    "sdp_gradient_clipping": "tunes sharded data parallelism, which is refused",
 })  # fmt: skip
 
 

@@ -101,10 +101,12 @@ class DistributedModel(torch.nn.Module):
         self.overlapping_allreduce = overlapping_allreduce
         self._grad_syncs: list[GradientSync] = []
         self._outside_step = False  # a forward ran outside smp.step: sync at optimizer.step
+        self.sharded = None  # sharded data parallelism's parameters (sharded/params.py)
         st.model = self
-        if st.topology.pp_size == 1 and st.topology.tp_size > 1:
+        if st.topology.pp_size == 1 and (st.topology.tp_size > 1 or st.shard_groups):
             # SMP: with tensor parallelism alone, smp.step is optional; the parameters are
-            # broadcast here and the model is ready for a plain forward and backward.
+            # broadcast here and the model is ready for a plain forward and backward. Under
+            # sharded data parallelism scripts read p.ds_tensor before the first step.
             self.partition_at_first_step(None)
 
     # -- what scripts call ------------------------------------------------------------------
@@ -282,6 +284,9 @@ class DistributedModel(torch.nn.Module):
         st = _state.require()
         if not st.cfg.ddp:
             return
+        if st.shard_groups is not None:
+            self._start_sharding(st)
+            return
         for kind, params in self._by_reducer(list(self.local_parameters())).items():
             group = st.core_group(kind)
             if group is _state.SOLO or not params:
@@ -290,12 +295,34 @@ class DistributedModel(torch.nn.Module):
                 params, group, self.bucket_bytes, self.backward_passes_per_step,
                 self.overlapping_allreduce, timeline=st.engine.timeline))
 
+    def _start_sharding(self, st) -> None:
+        """Sharded data parallelism: the parameters are cut into their shards, here."""
+        from shoal.modelparallel.topology import CommGroup
+        from shoal.modelparallel.torch.sharded.grads import GradientReducer
+        from shoal.modelparallel.torch.sharded.params import ShardedParameters
+
+        cfg, tp_group = st.cfg, st.core_group(CommGroup.TP_GROUP)
+        per_tp = frozenset()
+        if st.topology.tp_size > 1:  # replicated and fed per TP rank: averaged over TP too
+            per_tp = frozenset(id(p) for p in self._user.parameters()
+                               if id(p) not in self._layout.scaled_batch)
+        reducer = GradientReducer(
+            st.shard_groups, cfg.sdp_reduce_bucket_size, self.backward_passes_per_step,
+            tp_group=None if tp_group is _state.SOLO else tp_group, tp_averaged=per_tp,
+            overlap=self.overlapping_allreduce)
+        self.sharded = ShardedParameters(
+            self._user, st.shard_groups, cfg.sdp_param_persistence_threshold,
+            cfg.sdp_max_live_parameters, reducer)
+
     def after_step(self) -> None:
         """Averages this rank's gradients over its data-parallel group (``ddp``): the
         buckets that started during the backward are waited for, the rest reduced now."""
         self._outside_step = False
         for sync in self._grad_syncs:
             sync.finish_step()
+        if self.sharded is not None:
+            self.sharded.reducer.finish_step()
+            self.sharded.end_step()
 
     def sync_outside_step(self) -> None:
         """At ``optimizer.step()``: averages the gradients of a backward that ran outside
@@ -342,7 +369,37 @@ class DistributedModel(torch.nn.Module):
                 if buf is not None and bname not in module._non_persistent_buffers_set:
                     out[f"{name}.{bname}" if name else bname] = buf
         out = {k: v.detach() for k, v in out.items()}
+        if self.sharded is not None:  # this rank's chunks (sharded/layout.py)
+            out = {k: getattr(v, "ds_tensor", v) for k, v in self._named_tensors().items()}
+            out["_smp_zero2d"] = True
+            out["shard_size"] = self.sharded.parts
         out["_smp_is_partial"] = True
+        return out
+
+    def _named_tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters (the objects) and persistent buffers, under every name."""
+        out: dict[str, torch.Tensor] = {}
+        for name, module in self.local_named_modules():
+            for pname, param in module.named_parameters(recurse=False):
+                out[f"{name}.{pname}" if name else pname] = param
+            for bname, buf in module.named_buffers(recurse=False):
+                if buf is not None and bname not in module._non_persistent_buffers_set:
+                    out[f"{name}.{bname}" if name else bname] = buf.detach()
+        return out
+
+    def _whole_local(self) -> dict[str, torch.Tensor]:
+        """This rank's state with sharded parameters gathered whole (every rank of the
+        sharding group calls it)."""
+        if self.sharded is None:
+            return {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
+        full: dict[int, torch.Tensor] = {}
+        out = {}
+        for key, value in self._named_tensors().items():
+            if hasattr(value, "ds_tensor"):
+                if id(value) not in full:
+                    full[id(value)] = self.sharded.full_value(value)
+                value = full[id(value)]
+            out[key] = value.detach()
         return out
 
     def state_dict(self, *args, **kwargs) -> dict[str, Any]:  # noqa: ARG002
@@ -351,8 +408,7 @@ class DistributedModel(torch.nn.Module):
         from shoal.modelparallel.topology import CommGroup
         from shoal.modelparallel.torch import comm
 
-        local = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
-        merged = self._layout.gather_full(local)
+        merged = self._layout.gather_full(self._whole_local())
         if self.partitioned and _state.require().topology.pp_size > 1:
             for part in comm.allgather(merged, CommGroup.PP_GROUP):
                 merged.update(part)
@@ -366,6 +422,8 @@ class DistributedModel(torch.nn.Module):
             self._deferred_state = (dict(state_dict), strict)
             return None
         partial = bool(state_dict.get("_smp_is_partial"))
+        if self.sharded is not None:
+            return self._load_sharded(state_dict, partial, strict)
         state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
         own = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
         if not partial and any(k not in state_dict for k in own):
@@ -384,6 +442,44 @@ class DistributedModel(torch.nn.Module):
                     if not partial:  # a full state dict: this rank's part of split tensors
                         value = self._layout.shard(key, value, tp_rank)
                     tensor.copy_(value)
+        return None
+
+    def _load_sharded(self, state_dict: dict[str, Any], partial: bool, strict: bool):
+        """Sharded data parallelism: a partial state holds this rank's chunks, a full one
+        whole tensors (Hugging Face names translated, tensor-parallel parts cut)."""
+        from shoal.modelparallel.errors import SMPCheckpointError
+        from shoal.modelparallel.torch.sharded import layout
+
+        if partial and not state_dict.get("_smp_zero2d"):
+            raise SMPCheckpointError("Error: trying to load a non-sharded checkpoint into "
+                                     "sharded data parallelism model!")
+        state_dict = {k: v for k, v in state_dict.items()
+                      if k not in ("_smp_is_partial", "_smp_zero2d", "shard_size")}
+        own = self._named_tensors()
+        if not partial and any(k not in state_dict for k in own):
+            for translate in _tp_registry.translators(self._user):
+                state_dict = translate(state_dict)
+        missing = [k for k in own if k not in state_dict]
+        if strict and missing:
+            raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        st = _state.require()
+        sharded = self.sharded
+        with torch.no_grad():
+            for key, tensor in own.items():
+                if key not in state_dict:
+                    continue
+                value = state_dict[key]
+                if not hasattr(tensor, "ds_tensor"):
+                    tensor.copy_(value if partial else
+                                 self._layout.shard(key, value, st.topology.tp_rank))
+                    continue
+                if not partial:
+                    whole = self._layout.shard(key, value, st.topology.tp_rank)
+                    value = layout.chunk_of(whole.reshape(-1), sharded.parts, sharded.groups.rank)
+                tensor.ds_tensor.copy_(value)
+        if hasattr(st.optimizer, "refresh_masters"):
+            st.optimizer.refresh_masters()
+        sharded.refresh_persistent()
         return None
 
 

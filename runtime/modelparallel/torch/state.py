@@ -39,6 +39,7 @@ class State:
     optimizer: Any = None
     tracing: bool = False  # the first microbatch runs whole on world rank 0 to partition
     tp_p2p: Any = None  # the TP group's communicator for tagged exchanges (tp and pp > 1)
+    shard_groups: Any = None  # sharded data parallelism's groups (sharded/groups.py)
 
     def members(self, group: CommGroup) -> tuple[int, ...]:
         return tuple(self.topology.group_of(group))
@@ -104,6 +105,11 @@ def init(config: dict | None = None) -> State:
         state.tp_p2p = _tagged_tp_group(topology)
     if cfg.ddp:
         state.torch_groups = _torch_groups(topology)
+    if cfg.sharded_data_parallel_degree > 1:
+        from shoal.modelparallel.torch.sharded import groups as _shard_groups
+
+        state.shard_groups = _shard_groups.build(
+            topology, cfg.sharded_data_parallel_degree, with_torch=cfg.ddp)
     from shoal.modelparallel.torch.pipeline import Engine
     from shoal.modelparallel.torch.timeline import from_environment
 

@@ -96,7 +96,12 @@ def save_checkpoint(path: str, tag: str, partial: bool = True, model=None, optim
     topo = st.topology
     model = model if model is not None else st.model
     optimizer = optimizer if optimizer is not None else st.optimizer
-    if partial:
+    if st.shard_groups is not None:  # sharded data parallelism: a file per shard
+        from shoal.modelparallel.torch.sharded import checkpoint as sharded_checkpoint
+
+        sharded_checkpoint.save(st, path, tag, partial, model, optimizer, user_content,
+                                translate_if_full)
+    elif partial:
         folder = os.path.join(str(path), f"{tag}_partial")
         os.makedirs(folder, exist_ok=True)
         suffix = _rank_suffix(topo)
@@ -161,6 +166,11 @@ def resume_from_checkpoint(path: str, tag: str | None = None, partial: bool = Tr
         if load_optimizer and st.optimizer is not None and whole.get("optimizer") is not None:
             st.optimizer.load_state_dict(whole["optimizer"])
         return whole.get("user_content")
+    if st.shard_groups is not None:
+        from shoal.modelparallel.torch.sharded import checkpoint as sharded_checkpoint
+
+        return sharded_checkpoint.resume(st, path, tag, strict,
+                                         load_optimizer and load_sharded_optimizer_state)
     folder = os.path.join(str(path), f"{tag}_partial")
     suffix = f"{topo.pp_rank}_{topo.tp_rank}_0"
     model_file = os.path.join(folder, f"model_{suffix}.pt")

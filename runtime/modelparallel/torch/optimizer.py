@@ -46,6 +46,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - SMP's
                                     "smp.DistributedModel")
     from shoal.modelparallel.torch.model import half_dtype
 
+    if getattr(st.model, "sharded", None) is not None:  # sharded data parallelism
+        from shoal.modelparallel.torch.sharded.optimizer import ShardedOptimizer
+
+        args = {**(dynamic_loss_args or {}), **more_loss_args}
+        st.optimizer = ShardedOptimizer(optimizer, st, static_loss_scale, dynamic_loss_scale,
+                                        args)
+        return st.optimizer
     sharding = optstate.install(st)  # set up first of the post-partition hooks
     if half_dtype(st.cfg) is not None:
         from shoal.modelparallel.torch.bit16 import Bit16Optimizer

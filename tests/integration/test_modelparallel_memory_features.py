@@ -61,8 +61,8 @@ def worker() -> None:
     materialised: list[str] = []
     original = delayed.materialise
 
-    def recording(root, owns=lambda _name: True):
-        names = original(root, owns)
+    def recording(root, owns=lambda _name: True, each=None):
+        names = original(root, owns, each)
         materialised.extend(names)
         return names
 

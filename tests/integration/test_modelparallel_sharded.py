@@ -107,9 +107,15 @@ def worker() -> None:
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
 
     width = case.get("width", WIDTH)
-    net = build_model(1, smp, width)
+    with smp.model_creation():  # delayed_parameter_initialization: on meta until wrapped
+        net = build_model(1, smp, width)
     reference = build_model(1, None, width)
     model = smp.DistributedModel(net)
+    if case.get("delayed"):
+        assert not any(p.is_meta for p in net.parameters())
+        assert all(p.numel() == 0 for p in net.parameters() if not p.ds_persist)
+        model.load_state_dict(reference.state_dict())  # whole tensors, cut into chunks
+        smp.set_activation_checkpointing(net.blocks, strategy="each")
     # What SMP's SDP scripts read before the optimizer: each chunk's length.
     offsets = [sum(p.ds_tensor.ds_numel for p in model.parameters())]
     assert offsets[0] > 0
@@ -195,7 +201,9 @@ def worker() -> None:
     for key, value in expected.items():
         assert torch.allclose(gathered[key].float(), value, atol=atol, rtol=0), (
             key, float((gathered[key].float() - value).abs().max()))
-    report = f"loss rel {worst:.2e}, overflows {overflows}"
+    report = f"loss rel {worst:.2e}, overflows {overflows}, gathers {model.sharded.gathers}"
+    if case.get("prefetch"):  # from the second step on, gathers run ahead of the modules
+        assert model.sharded.gathers["prefetched"] > 0, model.sharded.gathers
     if folder:
         assert smp.resume_from_checkpoint(folder, tag="mid", partial=True) == {"step": 4}
         again = [distributed_step(*b) for b in batches[5:]]
@@ -217,7 +225,10 @@ CASES = {
     "sdp4-microbatches": (4, {**SDP, "sharded_data_parallel_degree": 4, "microbatches": 2,
                               "sdp_max_live_parameters": 20000, "sdp_reduce_bucket_size": 9000},
                           "fp32"),
-    "sdp2-replicas2": (4, {**SDP, "sharded_data_parallel_degree": 2}, "fp32"),
+    "sdp2-replicas2-ring": (4, {**SDP, "sharded_data_parallel_degree": 2,
+                                "sdp_hierarchical_allgather": False}, "fp32"),
+    "sdp2-delayed-checkpointed": (2, {**SDP, "sharded_data_parallel_degree": 2,
+                                      "delayed_parameter_initialization": True}, "fp32"),
     "tp2-sdp2": (4, {**SDP, "sharded_data_parallel_degree": 2, "tensor_parallel_degree": 2},
                  "fp32"),
     "sdp2-bf16": (2, {**SDP, "sharded_data_parallel_degree": 2}, "bf16"),
@@ -231,7 +242,8 @@ def test_sharded_data_parallel_matches_one_process(name):
     with tempfile.TemporaryDirectory() as folder:
         measure = name == "sdp4-microbatches"  # a wider model: padding is what it is
         case = {"config": config, "precision": precision, "folder": folder,
-                "measure": measure, "width": 64 if measure else WIDTH}
+                "measure": measure, "width": 64 if measure else WIDTH, "prefetch": measure,
+                "delayed": "delayed" in name}
         proc = run_mpi(ranks, {"MP_CASE": json.dumps(case)}, script=HERE, timeout=300)
     print(proc.stdout)
 

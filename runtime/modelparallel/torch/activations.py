@@ -68,6 +68,8 @@ def set_activation_checkpointing(module: torch.nn.Module, preserve_rng_state: bo
     check_strategy(module, strategy)
     warn_packing(pack_args_as_tuple)
     name = _name_in(model, module)
+    if st.shard_groups is not None:
+        _refuse_shared(model, module, name)
     previous = _specs.get(module)
     original = None
     if not _is_sequential(module):
@@ -90,6 +92,19 @@ def set_activation_checkpointing(module: torch.nn.Module, preserve_rng_state: bo
     if model not in _hooked:
         _hooked.add(model)
         model.register_post_partition_hook(_after_partition)
+
+
+def _refuse_shared(model, module: torch.nn.Module, name: str) -> None:
+    """SMP's rule under sharded data parallelism: a checkpointed module shares no parameter
+    with a module outside it (its re-run forward would gather what the outside releases)."""
+    inside = {id(p) for p in module.parameters()}
+    inner = {id(m) for m in module.modules()}
+    for other in model.get_module().modules():
+        if id(other) not in inner and any(id(p) in inside
+                                          for p in other.parameters(recurse=False)):
+            raise SMPUsageError(
+                "When sharded data parallelism is enabled, modules that share parameters "
+                f"cannot be checkpointed. Offending module: {name}")
 
 
 def check_strategy(module: torch.nn.Module, strategy: str) -> None:

@@ -121,9 +121,11 @@ def is_delayed(module: torch.nn.Module) -> bool:
     return any(p.is_meta for p in module.parameters())
 
 
-def materialise(root: torch.nn.Module, owns=lambda _name: True) -> list[str]:
+def materialise(root: torch.nn.Module, owns=lambda _name: True, each=None) -> list[str]:
     """Gives the ``meta`` parameters of the modules ``owns(name)`` accepts CPU storage and
-    their initialisation; the others get an empty storage. Returns the parameters
+    their initialisation; the others get an empty storage. ``each(params)``, if given, runs
+    on each module's parameters once they are initialised (sharded data parallelism shards
+    them there, so that the whole model never exists at once). Returns the parameters
     materialised, by name."""
     done: list[str] = []
     unset: list[str] = []
@@ -143,16 +145,17 @@ def materialise(root: torch.nn.Module, owns=lambda _name: True) -> list[str]:
             reset = getattr(module, "reset_parameters", None)
             if callable(reset) and len(params) == len(list(module.parameters(recurse=False))):
                 reset()
-                _forget(p for _, p in params)
-                continue
-            for (_, param), qualified in zip(params, full):
-                calls = _recorded.get(id(param), (None, []))[1]
-                if not calls:
-                    param.zero_()
-                    unset.append(qualified)
-                for fn, args, kwargs in calls:
-                    fn(param, *args, **kwargs)
+            else:
+                for (_, param), qualified in zip(params, full):
+                    calls = _recorded.get(id(param), (None, []))[1]
+                    if not calls:
+                        param.zero_()
+                        unset.append(qualified)
+                    for fn, args, kwargs in calls:
+                        fn(param, *args, **kwargs)
             _forget(p for _, p in params)
+            if each is not None:
+                each([p for _, p in params])
     if unset:
         log.warning("delayed parameter initialization: no initialisation was recorded for %s "
                     "(they are zero until a state dict is loaded)", ", ".join(unset))

@@ -209,7 +209,8 @@ class DistributedModel(torch.nn.Module):
         self.owner = owner
         self.partitioned = True
         st.engine.install(modules, owner)
-        _delayed.materialise(self._user, self._owns)  # delay_param_initialization's modules
+        each = self._shard_materialised if st.shard_groups is not None else None
+        _delayed.materialise(self._user, self._owns, each)  # delay_param_initialization's
         self._release_others()
         if st.cfg.ddp:
             self._broadcast_from_dp_root()
@@ -267,11 +268,25 @@ class DistributedModel(torch.nn.Module):
         return {CommGroup.DP_GROUP: [t for t in tensors if id(t) not in scaled],
                 CommGroup.RDP_GROUP: [t for t in tensors if id(t) in scaled]}
 
-    def _broadcast_from_dp_root(self) -> None:
+    def _shard_materialised(self, params) -> None:
+        """Delayed initialization under sharded data parallelism: a module's parameters,
+        just initialised, are made equal across the replicas and cut into their chunks."""
+        from shoal.modelparallel.torch.sharded.params import shard_parameter
+
         st = _state.require()
-        tensors = list(self.local_parameters())
-        if self.broadcast_buffers:
-            tensors += list(self.local_buffers())
+        if st.cfg.ddp:
+            self._broadcast_from_dp_root(params)
+        groups = st.shard_groups
+        for p in params:
+            shard_parameter(p, groups.degree, groups.rank,
+                            st.cfg.sdp_param_persistence_threshold)
+
+    def _broadcast_from_dp_root(self, tensors=None) -> None:
+        st = _state.require()
+        if tensors is None:
+            tensors = list(self.local_parameters())
+            if self.broadcast_buffers:
+                tensors += list(self.local_buffers())
         for kind, members in self._by_reducer(tensors).items():
             group = st.core_group(kind)
             if group is _state.SOLO:
@@ -312,7 +327,7 @@ class DistributedModel(torch.nn.Module):
             overlap=self.overlapping_allreduce)
         self.sharded = ShardedParameters(
             self._user, st.shard_groups, cfg.sdp_param_persistence_threshold,
-            cfg.sdp_max_live_parameters, reducer)
+            cfg.sdp_max_live_parameters, reducer, cfg.sdp_hierarchical_allgather)
 
     def after_step(self) -> None:
         """Averages this rank's gradients over its data-parallel group (``ddp``): the

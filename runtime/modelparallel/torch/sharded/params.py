@@ -7,7 +7,9 @@ elements stays whole as well (persistent: no gather per use; its chunk is still 
 optimizer steps, and it is refreshed after each step). A frozen parameter stays whole.
 
 A module's own parameters are gathered with the core's allgather just before its forward
-(one gather for all of them) and released right after, unless another module running
+(one gather for all of them; with ``sdp_hierarchical_allgather: False`` a ring of
+point-to-point transfers, every block passing from rank to rank, instead of the core's
+host-aware gather) and released right after, unless another module running
 around it holds them (a tied weight). Its outputs carry a gradient hook that gathers them
 again before the backward reaches the module. When a parameter's gradient is complete
 (its post-accumulate hook), the gradient goes to the reducer (grads.py) and the parameter
@@ -19,6 +21,10 @@ and gathers run ahead on a thread of their own (a communicator of their own): wh
 module computes, the next modules' parameters come in, as long as the parameters
 gathered and not yet released stay within ``sdp_max_live_parameters`` elements. The
 backward runs through the same list the other way round.
+
+Some modules read their children's weights in their own forward without calling the
+children (``nn.MultiheadAttention`` and its ``out_proj``): for those (``READS_CHILDREN``)
+the whole subtree's parameters are the module's own.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ import torch
 from shoal.dataparallel import core
 from shoal.modelparallel.torch.sharded import layout
 from shoal.modelparallel.torch.sharded.groups import ShardGroups
+
+# Modules whose forward reads their children's parameters without calling the children.
+READS_CHILDREN: tuple[type, ...] = (torch.nn.MultiheadAttention,)
 
 
 def in_backward() -> bool:
@@ -52,24 +61,67 @@ def tensors_in(value: Any) -> Iterable[torch.Tensor]:
             yield from tensors_in(item)
 
 
-def gather_rows(shard: torch.Tensor, comm, parts: int) -> torch.Tensor:
+def gather_rows(shard: torch.Tensor, comm, parts: int, hierarchical: bool = True) -> torch.Tensor:
     """Every rank's ``shard`` (1-D, any dtype), as ``(parts, numel)`` rows."""
     if comm is None or parts == 1:
         return shard.reshape(1, -1).clone()
     raw = shard.contiguous().view(torch.uint8).numpy()
-    out = torch.from_numpy(core.allgather(raw, group=comm))
+    if hierarchical:
+        out = torch.from_numpy(core.allgather(raw, group=comm))
+    else:
+        out = torch.from_numpy(_ring_allgather(raw, comm))
     return out.view(shard.dtype).reshape(parts, -1)
+
+
+def _ring_allgather(raw, comm):
+    """A flat ring: at hop ``k`` each rank passes on the block it received at hop ``k-1``."""
+    import numpy as np
+
+    parts, me = len(comm.ranks), comm.rank
+    out = np.empty((parts, raw.size), dtype=raw.dtype)
+    out[me] = raw
+    right, left = (me + 1) % parts, (me - 1) % parts
+    for hop in range(parts - 1):
+        send, recv = (me - hop) % parts, (me - hop - 1) % parts
+        receiving = core.irecv(out[recv], src=left, tag=hop, group=comm)
+        core.isend(out[send], dst=right, tag=hop, group=comm).wait()
+        receiving.wait()
+    return out
+
+
+def owned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters ``module``'s forward uses itself: its own, or its subtree's."""
+    recurse = isinstance(module, READS_CHILDREN)
+    return list(module.parameters(recurse=recurse))
+
+
+def shard_parameter(p: torch.nn.Parameter, parts: int, rank: int, threshold: int) -> None:
+    """Cuts ``p`` into its chunks and keeps chunk ``rank`` as ``p.ds_tensor``; ``p`` keeps no
+    storage unless it is persistent (smaller than ``threshold`` elements, or frozen)."""
+    persist = p.numel() < threshold or not p.requires_grad
+    with torch.no_grad():
+        shard = layout.chunk_of(p.detach().reshape(-1), parts, rank)
+    shard.ds_numel = shard.numel()
+    p.ds_tensor = shard
+    p.ds_numel = p.numel()
+    p.ds_shape = p.shape
+    p.ds_persist = persist
+    if not persist:
+        p.data = torch.empty(0, dtype=p.dtype)
 
 
 class ShardedParameters:
     """Shards ``module``'s parameters over ``groups`` and gathers them around their use."""
 
     def __init__(self, module: torch.nn.Module, groups: ShardGroups, threshold: int,
-                 max_live: int, reducer) -> None:
+                 max_live: int, reducer, hierarchical: bool = True) -> None:
         self.groups = groups
         self.parts = groups.degree
         self.reducer = reducer
         self.max_live = max_live
+        self.threshold = threshold
+        self.hierarchical = hierarchical
+        self.gathers = {"inline": 0, "prefetched": 0}  # parameters gathered, by whom
         self.params: list[torch.nn.Parameter] = []
         seen: set[int] = set()
         for p in module.parameters():
@@ -77,7 +129,8 @@ class ShardedParameters:
                 seen.add(id(p))
                 self.params.append(p)
         for p in self.params:
-            self._shard(p, persist=p.numel() < threshold or not p.requires_grad)
+            if not hasattr(p, "ds_tensor"):  # (delayed initialization shards as it goes)
+                self.shard(p)
         self._holders: dict[int, int] = {}  # forwards running that use the parameter
         self._full: set[int] = set()  # non-persistent parameters gathered now
         # Gathered or on their way (prefetch queued): counted from the moment the compute
@@ -90,7 +143,7 @@ class ShardedParameters:
         self._prefetcher = _Prefetcher(self)
         self._handles = []
         for sub in module.modules():
-            own = [p for p in sub.parameters(recurse=False) if not p.ds_persist]
+            own = [p for p in owned(sub) if not p.ds_persist]
             if own:
                 self._handles.append(sub.register_forward_pre_hook(
                     functools.partial(self._before_forward, own)))
@@ -102,16 +155,8 @@ class ShardedParameters:
         reducer.attach(self.params, self.parts)
 
     # -- at rest -------------------------------------------------------------------------
-    def _shard(self, p: torch.nn.Parameter, persist: bool) -> None:
-        with torch.no_grad():
-            shard = layout.chunk_of(p.detach().reshape(-1), self.parts, self.groups.rank)
-        shard.ds_numel = shard.numel()
-        p.ds_tensor = shard
-        p.ds_numel = p.numel()
-        p.ds_shape = p.shape
-        p.ds_persist = persist
-        if not persist:
-            p.data = torch.empty(0, dtype=p.dtype)
+    def shard(self, p: torch.nn.Parameter) -> None:
+        shard_parameter(p, self.parts, self.groups.rank, self.threshold)
 
     def set_shard(self, p: torch.nn.Parameter, shard: torch.Tensor) -> None:
         """``p``'s chunk becomes ``shard`` (a view of the optimizer's flat partition)."""
@@ -134,14 +179,16 @@ class ShardedParameters:
         with self._lock:
             todo = [p for p in todo if id(p) not in self._full]
         if todo:
+            self.gathers["inline"] += len(todo)
             self._install(todo, self._fetch(todo, comm or self.groups.gather))
 
     def _fetch(self, params, comm) -> list[torch.Tensor]:
         sizes = [p.ds_tensor.numel() for p in params]
         if len(params) == 1:
-            rows = gather_rows(params[0].ds_tensor, comm, self.parts)
+            rows = gather_rows(params[0].ds_tensor, comm, self.parts, self.hierarchical)
             return [layout.unpad(rows, params[0].ds_numel, params[0].ds_shape)]
-        rows = gather_rows(torch.cat([p.ds_tensor for p in params]), comm, self.parts)
+        rows = gather_rows(torch.cat([p.ds_tensor for p in params]), comm, self.parts,
+                           self.hierarchical)
         return [layout.unpad(rows[:, at:at + size].contiguous(), p.ds_numel, p.ds_shape)
                 for p, at, size in zip(params, layout.offsets(sizes), sizes)]
 
@@ -177,7 +224,7 @@ class ShardedParameters:
         """``p``'s whole value, in new storage (a collective over the sharding group)."""
         if p.ds_persist:
             return p.detach().clone()
-        rows = gather_rows(p.ds_tensor, self.groups.control, self.parts)
+        rows = gather_rows(p.ds_tensor, self.groups.control, self.parts, self.hierarchical)
         return layout.unpad(rows, p.ds_numel, p.ds_shape).clone()
 
     def refresh_persistent(self) -> None:
@@ -250,8 +297,7 @@ class _Prefetcher:
             return
         for at, module in enumerate(modules):
             self.index.setdefault(id(module), []).append(at)
-            self.order.append([p for p in module.parameters(recurse=False)
-                               if not p.ds_persist])
+            self.order.append([p for p in owned(module) if not p.ds_persist])
         self.thread = threading.Thread(target=self._run, name="shoal-sdp-prefetch",
                                        daemon=True)
         self.thread.start()
@@ -292,6 +338,7 @@ class _Prefetcher:
             if batch is None:
                 return
             try:
+                self.owner.gathers["prefetched"] += len(batch)
                 self.owner._install(batch, self.owner._fetch(batch, self.owner.groups.prefetch))
             finally:
                 with self.lock:

@@ -11,14 +11,17 @@ Each rank measures the bytes its optimizer holds (Adam's moments and step counts
 float32 masters in bf16): the replicas' shares must add up to exactly the unsharded figure,
 and each be 1/dp of it within 30%. ``state_dict()`` warns that it returns this stage's state
 only (gathered from the replicas), ``local_state_dict(gather_if_shard=False)`` holds this
-rank's shard only.
+rank's shard only, and loading the gathered state back leaves each rank its shard.
 
 SMP's refusals, with its messages, in one process: ``ddp`` off, ``DistributedModel`` without
 ``gradient_as_bucket_view=True``, parameters of two dtypes.
 
 A partial checkpoint saved after step 5 (every rank writes its optimizer part,
 ``optimizer_{pp}_{tp}_{rdp}.pt``) and resumed by a fresh mpirun on the same layout must
-continue bit for bit: the same losses and the same final weights.
+continue bit for bit, the same losses and the same final weights: pipeline 2 x data
+parallel 2 in fp32, tensor parallel 2 x reduced data parallel 2 in bf16. The shard saved
+as Hugging Face's Trainer saves it (``smp.save(partial=True, v3=True)``) must come back
+from ``smp.load(partial=True)``.
 
 This file is also the worker: ``python test_modelparallel_optimizer_sharding.py worker``.
 """
@@ -144,6 +147,7 @@ def worker() -> None:
         assert rel <= tolerance, (step, losses[-1], ref_loss.item(), rel)
         if step == SAVE_AFTER and case.get("folder"):
             smp.save_checkpoint(case["folder"], "mid", partial=True)
+            check_save_v3(smp, optimizer, os.path.join(case["folder"], "trainer_optimizer"))
     full = model.state_dict()
     weights = max((full[k].float() - v).abs().max().item()
                   for k, v in reference.state_dict().items())
@@ -202,7 +206,7 @@ def check_state_dicts(smp, model, optimizer) -> None:
     import re
 
     import pytest
-    from shoal.modelparallel.torch.optstate import LOCAL_ONLY
+    from shoal.modelparallel.torch.optstate import LOCAL_ONLY, state_bytes
 
     with pytest.warns(UserWarning, match=re.escape(LOCAL_ONLY)):
         whole = optimizer.state_dict()
@@ -212,6 +216,33 @@ def check_state_dicts(smp, model, optimizer) -> None:
     shard = optimizer.local_state_dict(gather_if_shard=False)
     owned = shard.get("optimizer_state_dict", shard)["state"]
     assert 0 < len(owned) < len(state), (len(owned), len(state))
+    before = state_bytes(optimizer)
+    optimizer.load_state_dict(whole)  # the whole stage's: each rank keeps its shard only
+    assert state_bytes(optimizer) == before, (state_bytes(optimizer), before)
+    assert same(optimizer.local_state_dict(gather_if_shard=False), shard)
+
+
+def check_save_v3(smp, optimizer, path) -> None:
+    """What Hugging Face's Trainer does with SMP: every rank saves its shard with
+    ``smp.save(partial=True, v3=True)``; ``smp.load(partial=True)`` reads it back."""
+    shard = optimizer.local_state_dict(gather_if_shard=False)
+    smp.save(shard, path, partial=True, v3=True)
+    assert os.path.exists(f"{path}_{smp.pp_rank()}_{smp.tp_rank()}_{smp.rdp_rank()}.pt")
+    smp.barrier()
+    assert same(smp.load(path, partial=True), shard)
+
+
+def same(a, b) -> bool:
+    """Equal nested state: tensors bit for bit."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.equal(b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 CASES = {
@@ -232,13 +263,22 @@ def test_sharded_training_matches_one_process(name):
     show(run_mpi(4, {"MP_CASE": json.dumps(CASES[name])}, script=HERE, timeout=300))
 
 
-def test_partial_checkpoint_resumes_bit_exact(tmp_path):
-    case = {"config": PIPELINE, "folder": str(tmp_path)}
+CHECKPOINTS = {  # (case, the (pp, tp) of the model parts)
+    "pp2-dp2-fp32": ({"config": PIPELINE}, [(0, 0), (1, 0)]),
+    "tp2-rdp2-bf16": ({"config": TENSOR, "precision": "bf16"}, [(0, 0), (0, 1)]),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_partial_checkpoint_resumes_bit_exact(tmp_path, name):
+    case, models = CHECKPOINTS[name]
+    case = {**case, "folder": str(tmp_path)}
     run_mpi(4, {"MP_CASE": json.dumps(case)}, script=HERE, timeout=300)
     parts = sorted(p.name for p in (tmp_path / "mid_partial").iterdir())
-    assert parts == ["model_0_0_0.pt", "model_1_0_0.pt", "optimizer_0_0_0.pt",
-                     "optimizer_0_0_1.pt", "optimizer_1_0_0.pt", "optimizer_1_0_1.pt",
-                     "user_content.pt"], parts
+    # the model from each replica's first rank, the optimizer's shards from every rank
+    expected = [f"model_{pp}_{tp}_0.pt" for pp, tp in models]
+    expected += [f"optimizer_{pp}_{tp}_{rdp}.pt" for pp, tp in models for rdp in (0, 1)]
+    assert parts == sorted([*expected, "user_content.pt"]), parts
     show(run_mpi(4, {"MP_CASE": json.dumps({**case, "phase": "resume"})}, script=HERE,
                  timeout=300))
 

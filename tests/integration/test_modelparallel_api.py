@@ -55,7 +55,10 @@ def test_import_initializes_under_mpirun_with_parameters_unless_manual():
     ({"tensor_parallel_degree": 2}, "tensor_parallel_degree to non-default value 2 requires ddp"),
     ({"tensor_parallel_degree": 2, "ddp": True}, "must be divisible by pipeline_parallel_degree"),
     ({"bf16": True, "fp16": True}, "bf16 to non-default value True requires fp16"),
-    ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree=2"),
+    ({"sharded_data_parallel_degree": 2}, "sharded_data_parallel_degree to non-default value 2 "
+                                           "requires ddp"),
+    ({"sharded_data_parallel_degree": 2, "ddp": True},
+     "ZeRO-2D sharding degree (2) cannot be larger than the data parallelism degree (1)."),
     ({"microbatchs": 2}, "Unrecognized config parameter microbatchs"),
     ({"microbatches": "4"}, "microbatches"),
 ])

@@ -4,8 +4,10 @@ A small language model trained 10 steps with Adam must end with the loss and the
 weights of the same model trained in one process on the same global batches (loss relative
 1e-5 per step, weights atol 1e-5): pipeline 2 x data parallel 2, and tensor parallel 2 x
 reduced data parallel 2 (the scaled-batch parameters sharded over RDP_GROUP, the others
-over DP_GROUP). In bf16 (pipeline 2 x data parallel 2) the loss and ``clip_master_grads``'s
-norm track the float32 run within the mixed-precision test's bf16 bound (2e-2 relative).
+over DP_GROUP). In bf16 and fp16 (pipeline 2 x data parallel 2) the loss and
+``clip_master_grads``'s norm track the float32 run within the mixed-precision test's bounds
+(relative 2e-2 and 5e-3); fp16 starts from a loss scale of 2**24, so its first steps
+overflow: each is skipped on every rank (the weights unchanged) and halves the scale.
 
 Each rank measures the bytes its optimizer holds (Adam's moments and step counts, plus the
 float32 masters in bf16): the replicas' shares must add up to exactly the unsharded figure,
@@ -42,7 +44,7 @@ from test_collectives import MPI_MARKS, run_mpi  # noqa: E402
 HERE = os.path.abspath(__file__)
 pytestmark = [*MPI_MARKS, pytest.mark.torch]
 VOCAB, WIDTH, SEQ, BATCH, STEPS, SAVE_AFTER, CLIP = 30, 16, 5, 4, 10, 5, 0.5
-BF16_TOLERANCE = 2e-2  # test_modelparallel_mixed_precision.py's
+TOLERANCE = {None: 1e-5, "bf16": 2e-2, "fp16": 5e-3}  # test_modelparallel_mixed_precision.py's
 PIPELINE = {"pipeline_parallel_degree": 2, "microbatches": 2, "ddp": True,
             "auto_partition": False, "default_partition": 0, "shard_optimizer_state": True}
 TENSOR = {"tensor_parallel_degree": 2, "ddp": True, "shard_optimizer_state": True}
@@ -92,7 +94,10 @@ def setup(smp, case):
     reference = build_model(2)
     model = smp.DistributedModel(net, gradient_as_bucket_view=True)
     model.load_state_dict(reference.state_dict())  # before partitioning: applied then
-    optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01))
+    scale = {"static_loss_scale": None, "dynamic_loss_scale": True,
+             "dynamic_loss_args": {"init_scale": 2.0**24, "scale_window": 1000}}
+    optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                         **(scale if case.get("precision") == "fp16" else {}))
     ref_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
 
     @smp.step
@@ -125,8 +130,8 @@ def worker() -> None:
     if case.get("phase") == "resume":
         return resume_worker(smp, case)
     model, optimizer, reference, ref_optimizer, train_step = setup(smp, case)
-    tolerance = BF16_TOLERANCE if case.get("precision") else 1e-5
-    losses, worst = [], 0.0
+    tolerance = TOLERANCE[case.get("precision")]
+    losses, worst, overflows = [], 0.0, 0
     for step, (tokens, targets, all_tokens, all_targets) in enumerate(batches(smp), 1):
         optimizer.zero_grad()
         loss = train_step(model, tokens, targets).reduce_mean().item()
@@ -137,9 +142,13 @@ def worker() -> None:
         if case.get("precision"):
             norm = float(optimizer.clip_master_grads(CLIP))
             ref_norm = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP))
-            assert abs(norm - ref_norm) / ref_norm <= tolerance, (norm, ref_norm)
-        optimizer.step()
-        ref_optimizer.step()
+            assert optimizer.overflow or abs(norm - ref_norm) / ref_norm <= tolerance, (
+                norm, ref_norm)
+        if getattr(optimizer, "overflow", False):
+            overflows += check_skipped(model, optimizer, norm)
+        else:
+            optimizer.step()
+            ref_optimizer.step()
         parts = smp.allgather(loss, smp.DP_GROUP)
         losses.append(sum(parts) / len(parts))
         rel = abs(losses[-1] - ref_loss.item()) / abs(ref_loss.item())
@@ -152,6 +161,7 @@ def worker() -> None:
     weights = max((full[k].float() - v).abs().max().item()
                   for k, v in reference.state_dict().items())
     assert case.get("precision") or weights <= 1e-5, weights
+    assert (case.get("precision") == "fp16") == (0 < overflows < STEPS), overflows
     measured = check_memory(smp, model, optimizer) if smp.tp_size() == 1 else ""
     check_state_dicts(smp, model, optimizer)
     if case.get("folder") and smp.rank() == 0:
@@ -159,7 +169,8 @@ def worker() -> None:
                    os.path.join(case["folder"], "expected.pt"))
     smp.barrier()
     print(f"rank {smp.rank()} pp {smp.pp_rank()} tp {smp.tp_rank()} rdp {smp.rdp_rank()}: "
-          f"loss rel {worst:.2e} weights {weights:.2e}{measured}: 1 cases ok", flush=True)
+          f"loss rel {worst:.2e} weights {weights:.2e} overflows {overflows}{measured}: "
+          "1 cases ok", flush=True)
 
 
 def resume_worker(smp, case) -> None:
@@ -187,13 +198,24 @@ def resume_worker(smp, case) -> None:
           f"1 cases ok", flush=True)
 
 
+def check_skipped(model, optimizer, norm) -> int:
+    """An overflowed fp16 step: skipped on every rank, the loss scale halved."""
+    before = [p.detach().clone() for p in model.local_parameters()]
+    scale = optimizer.loss_scale
+    optimizer.step()
+    assert optimizer.overflow and norm == -1 and optimizer.loss_scale == scale / 2
+    assert all(a.equal(b) for a, b in zip(before, model.local_parameters()))
+    return 1
+
+
 def check_memory(smp, model, optimizer) -> str:
     """This rank's optimizer bytes against the unsharded figure of its stage."""
     from shoal.modelparallel.torch.optstate import state_bytes
 
     mine = state_bytes(optimizer)
     params = [p for p in model.local_parameters() if p.requires_grad]
-    per_element = 2 * 4 + (4 if smp.state.cfg.bf16 else 0)  # moments (+ master), float32
+    half = smp.state.cfg.bf16 or smp.state.cfg.fp16
+    per_element = 2 * 4 + (4 if half else 0)  # moments (+ master), float32
     unsharded = sum(p.numel() * per_element + 4 for p in params)  # + the step count
     shares = smp.allgather(mine, smp.DP_GROUP)
     assert sum(shares) == unsharded, (shares, unsharded)
@@ -249,6 +271,7 @@ CASES = {
     "pp2-dp2-fp32": {"config": PIPELINE},
     "tp2-rdp2-fp32": {"config": TENSOR},
     "pp2-dp2-bf16": {"config": PIPELINE, "precision": "bf16"},
+    "pp2-dp2-fp16": {"config": PIPELINE, "precision": "fp16"},
 }
 
 

@@ -90,7 +90,6 @@ class Sharding:
         self.groups: list[_Group] = []
         self._owner: dict[int, tuple[_Group, int]] = {}
         self._place: dict[int, tuple[CommGroup, int]] = {}  # id -> (group kind, index in it)
-        self.ready = False
 
     def setup(self, model) -> None:
         """Assigns the owners and makes the model's gradient syncs reduce to them."""
@@ -106,10 +105,9 @@ class Sharding:
             self.groups.append(group)
             self._owner.update({id(p): (group, o) for p, o in zip(members, owners)})
             self._place.update({id(p): (kind, j) for j, p in enumerate(members)})
-        for sync in model._grad_syncs:
+        for sync in (s for s in model._grad_syncs if s.params):
             sync.shard([self._owner[id(p)][1] for p in sync.params],
                        self._owner[id(sync.params[0])][0].me)
-        self.ready = True
 
     def owns(self, param: torch.Tensor) -> bool:
         """Whether this rank steps ``param`` (those without a gradient: every rank)."""

@@ -6,6 +6,8 @@ environment, picks the runner (see :mod:`shoal.launcher.runners`) and runs it:
 * process / torchrun / parameter server: every host runs its own processes;
 * MPI and data-parallel: the master host runs mpirun (with ``shoal-rank`` per rank) once
   every worker is ready; workers wait for the outcome (:mod:`shoal.launcher.cluster`).
+  Meanwhile the hosts' launchers watch each other (:mod:`shoal.launcher.heartbeat`): a host
+  that stops answering fails the job on every other host, which ends its ranks.
 
 Every host ends with ``output/success`` or ``output/failure`` and a matching exit code.
 SIGTERM is forwarded to every rank, with SIGKILL after ``SHOAL_STOP_GRACE`` seconds.
@@ -16,7 +18,9 @@ Each of the launcher's log lines starts with its host (``[algo-2] ...``). Under
 Knobs (environment): ``SM_LOG_LEVEL`` (a number or a name: ``debug`` also lists the names of
 the variables exported to the job's processes), ``SHOAL_STOP_GRACE`` (10 s),
 ``SHOAL_FAILURE_GRACE`` (15 s: how long mpirun may take to end the job once a rank failed
-before it is stopped), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
+or a host was lost before it is stopped), ``SHOAL_WORKER_TIMEOUT`` (3600 s),
+``SHOAL_HOST_TIMEOUT`` (15 s), ``SHOAL_HEARTBEAT_INTERVAL`` (1 s) and ``SHOAL_HEARTBEAT_PORT``
+(7595) of the hosts' heartbeat (:mod:`shoal.launcher.heartbeat`),
 ``SHOAL_STATUS_PORT`` (7594), ``SHOAL_STATUS_LINGER`` (60 s), ``SHOAL_MASTER_PORT``
 (7777), ``SHOAL_MASTER_ADDR``, ``SHOAL_GETHOSTNAME_PRELOAD`` (a prebuilt shim, see
 :mod:`shoal.launcher.hostname`), ``SHOAL_S3_EXPECTED_BUCKET_OWNER``.
@@ -31,10 +35,11 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 
 from shoal.errors import LaunchError, ShoalError
-from shoal.launcher import cluster, failure, hostname, mpi, runners, source
+from shoal.launcher import cluster, failure, heartbeat, hostname, mpi, runners, source
 from shoal.launcher.environment import (
     TrainingEnvironment,
     load_environment,
@@ -43,7 +48,7 @@ from shoal.launcher.environment import (
 )
 from shoal.launcher.paths import JobPaths
 from shoal.launcher.profiling import profiler_env
-from shoal.launcher.rank import job_id, write_host_environment
+from shoal.launcher.rank import end_host_ranks, job_id, write_host_environment
 from shoal.launcher.runners import Runner
 from shoal.launcher.simulate import LOOPBACK, SESSION_TMP_ENV, SIMULATED_ROOT_ENV, agent_command
 from shoal.launcher.supervisor import (
@@ -89,6 +94,7 @@ class Launch:
         self.grace = _float_env(environ, "SHOAL_STOP_GRACE", 10.0)
         self.failure_grace = _float_env(environ, "SHOAL_FAILURE_GRACE", 15.0)
         self.coordinated = self.runner in (Runner.MPI, Runner.DATAPARALLEL)
+        self.heartbeat = heartbeat.Settings.from_environ(environ)
         self._env: dict[str, str] | None = None
         self.preload: str | None = None
 
@@ -157,13 +163,24 @@ class Launch:
         build = mpi.dataparallel_argv if dp else mpi.mpi_argv
         return build(plan, command)
 
-    def supervise(self, argv: list[str], env: Mapping[str, str], keep=(), watch=None) -> Outcome:
+    def supervise(self, argv: list[str], env: Mapping[str, str], keep=(), watch=None,
+                  host_lost: Callable[[], str | None] | None = None) -> Outcome:
         sup = Supervisor(argv, env, self.job.paths.code_dir, hosts=self.hosts,
                          ranks_per_host=self.ppn, grace=self.grace,
                          failure_timeout=self.failure_grace, keep=keep,
-                         watch=watch)  # fmt: skip
+                         watch=watch, host_lost=host_lost)  # fmt: skip
         install_stop_handlers(sup)
         return sup.run()
+
+    def watch_hosts(self) -> heartbeat.Heartbeat | None:
+        """This host's heartbeat agent (see :mod:`shoal.launcher.heartbeat`), started. A lost
+        host's verdict goes to the failure file at once: this host may be ended soon after
+        (a cut-off peer's launcher exits, and the platform stops the job)."""
+        def lost(host: str, text: str) -> None:
+            failure.write_failure(self.job.paths, text)
+
+        return heartbeat.start(self.job.current_host, self.hosts, self.heartbeat, self.environ,
+                               ranks_per_host=self.ppn, on_lost=lost)
 
 
 def _finish(paths: JobPaths, outcome: Outcome) -> tuple[int, str]:
@@ -202,18 +219,24 @@ def run_master(launch: Launch) -> int:
         status.publish(cluster.JobStatus(code, failure.startup_failure_message(e)))
         status.close(workers, linger=linger)
         return code
+    beat = launch.watch_hosts() if workers else None
     try:
         keep = [sshd.pid] if sshd else []
-        outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep)
+        outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep,
+                                   host_lost=lambda: beat.lost if beat else None)
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:
             status.publish(cluster.JobStatus(1, f"the master failed: {e}"))
             status.close(workers, linger=5.0)
+        if beat:
+            beat.stop()
         raise
     if status:
         status.publish(cluster.JobStatus(code, text))
         status.close(workers, linger=linger)
+    if beat:  # once the workers have the outcome: they stop watching this host first
+        beat.stop()
     return code
 
 
@@ -230,14 +253,40 @@ def report_startup_failure(launch: Launch, text: str) -> None:
                                  me=launch.job.current_host, failed=text)
 
 
+def _outcome_unless_lost(launch: Launch, beat: heartbeat.Heartbeat | None,
+                         timeout: float) -> cluster.JobStatus | None:
+    """The master's outcome, or None once another host is lost (its verdict is then in the
+    failure file)."""
+    settled, result = threading.Event(), []
+
+    def wait() -> None:
+        result.append(cluster.wait_for_outcome(launch.master_addr, _status_port(launch),
+                                               timeout, me=launch.job.current_host))
+        settled.set()
+
+    threading.Thread(target=wait, name="shoal-outcome", daemon=True).start()
+    while not settled.wait(0.2):
+        if beat and beat.lost:
+            return None
+    return result[0]
+
+
 def run_worker(launch: Launch) -> int:
     if not launch.simulated:
         cluster.start_sshd()
     timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
-    log.info("waiting for the master %s to run the job", launch.master_addr)
-    status = cluster.wait_for_outcome(launch.master_addr, _status_port(launch), timeout,
-                                      me=launch.job.current_host)
     paths = launch.job.paths
+    beat = launch.watch_hosts()  # before reporting ready: the master expects it then
+    log.info("waiting for the master %s to run the job", launch.master_addr)
+    try:
+        status = _outcome_unless_lost(launch, beat, timeout)
+    finally:
+        if beat:
+            beat.stop()
+    if status is None:
+        ended = end_host_ranks(paths.input_dir, launch.grace)
+        log.error("another host is lost: ended %d rank(s) of this host", ended)
+        return 1
     if status.exit_code == 0:
         failure.write_success(paths)
     else:

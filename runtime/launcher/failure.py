@@ -45,6 +45,8 @@ def error_lines(outcome: Outcome) -> list[str]:
 
 
 def root_cause(outcome: Outcome) -> str:
+    if outcome.host_lost:  # what the ranks saw then is its echo
+        return outcome.host_lost
     f = outcome.failure
     if outcome.stopped_by and (f is None or f.signal in ("SIGTERM", "SIGKILL")):
         return f"Training stopped by {outcome.stopped_by}."
@@ -63,8 +65,10 @@ def failure_message(outcome: Outcome, last_error: str | None = None) -> str:
     errors = error_lines(outcome)
     last = last_error or exception_line(_failing_tail(outcome)) or (
         errors[-1].strip() if errors else "")
+    if outcome.host_lost:
+        last = ""  # the ranks' errors then only echo the loss
     head = cause + (f" {last}" if last else "")
-    head = _clip(head, 400)
+    head = _clip(head, 500)
     command = " ".join(redact_argv(outcome.command))
     block = "ExecuteUserScriptError:\nExitCode {code}\nErrorMessage \"{msg}\"\nCommand \"{cmd}\""
     fixed = len(head) + 1 + len(block.format(code=outcome.returncode, msg="", cmd=""))

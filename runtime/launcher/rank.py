@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 
 FAILURE_MARKER = "SHOAL_RANK_FAILED"
 HOST_ENV_FILE = "shoal-host-env.json"
+RANKS_DIR = "shoal-ranks"  # under input/: one empty file per running wrapper, named by its pid
 DEFAULT_MASTER_PORT = "7777"
 _PR_SET_PDEATHSIG = 1
 
@@ -145,6 +146,44 @@ def read_host_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
+def _ranks_dir(environ: Mapping[str, str]) -> str:
+    from shoal.launcher.paths import JobPaths
+
+    return os.path.join(JobPaths.from_environ(environ).input_dir, RANKS_DIR)
+
+
+def register(environ: Mapping[str, str]) -> str | None:
+    """Note this wrapper where its host's launcher finds it (:func:`end_host_ranks`): ranks
+    on a worker host are started by an ``orted`` that sshd launched, not by the launcher."""
+    try:
+        folder = _ranks_dir(environ)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, str(os.getpid()))
+        open(path, "w").close()
+        return path
+    except OSError:
+        return None
+
+
+def end_host_ranks(input_dir: str, grace: float) -> int:
+    """End the ranks running on this host (SIGTERM to their wrappers, which pass it on;
+    SIGKILL after ``grace`` seconds); how many there were."""
+    import psutil
+    from shoal.launcher.supervisor import end_processes
+
+    folder = os.path.join(input_dir, RANKS_DIR)
+    procs = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        try:
+            proc = psutil.Process(int(name))
+            if any("shoal-rank" in part or "launcher.rank" in part for part in proc.cmdline()):
+                procs.append(proc)  # not a pid reused since
+        except (ValueError, psutil.Error):
+            continue
+    end_processes(procs, grace)
+    return len(procs)
+
+
 def _fields(job) -> dict:
     import attrs
 
@@ -199,10 +238,22 @@ def run(command: Sequence[str], environ: Mapping[str, str] = os.environ) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
-    code = child.wait()
+    registered = register(environ)
+    try:
+        code = child.wait()
+    finally:
+        if registered:
+            _remove(registered)
     if code != 0 and not stopping:
         _say(failure_line(ranks, code))
     return 128 - code if code < 0 else code
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -18,8 +18,8 @@ How the hosts stay apart on one machine:
 * each host gets its own Open MPI session directory (``orte_tmpdir_base``) under a
   short per-job temporary directory, also where mpirun passes its own on the orted
   command line (see :func:`remote_command`);
-* the master and status ports are allocated per job (``SHOAL_MASTER_PORT``,
-  ``SHOAL_STATUS_PORT``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
+* the master, status and heartbeat ports are allocated per job (``SHOAL_MASTER_PORT``,
+  ``SHOAL_STATUS_PORT``, ``SHOAL_HEARTBEAT_ADDRESSES``) and ``SHOAL_MASTER_ADDR=127.0.0.1``, so concurrent jobs never
   collide; so is a loopback address for every TensorFlow task and parameter server
   (``SHOAL_TF_ADDRESSES``), which TF_CONFIG then names instead of ``algo-N:2222``.
 
@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 import psutil
+from shoal.launcher.heartbeat import ADDRESSES_ENV
 from shoal.launcher.ports import free_port
 from shoal.launcher.runners import TF_ADDRESSES_ENV, simulated_tf_addresses
 
@@ -137,6 +138,8 @@ def run_job(
     base = dict(os.environ if env is None else env)
     base.setdefault("SHOAL_MASTER_PORT", str(free_port()))
     base.setdefault("SHOAL_STATUS_PORT", str(free_port()))
+    # The launchers' heartbeats too: each simulated host listens on a port of its own.
+    base.setdefault(ADDRESSES_ENV, json.dumps({h: ["127.0.0.1", free_port()] for h in hosts}))
     # TensorFlow clusters name host:port; here every task needs a port of its own.
     base.setdefault(TF_ADDRESSES_ENV, json.dumps(simulated_tf_addresses(hosts, free_port)))
     # Short paths: Open MPI puts unix sockets in its session directory.

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Optional
 
 import attrs
@@ -73,6 +73,8 @@ class Outcome:
     daemons_failed: bool = False
     # A process the job depends on (a parameter server) that ended while it ran.
     watched_exit: str | None = None
+    # Another host of the job stopped answering (:mod:`shoal.launcher.heartbeat`): why.
+    host_lost: str | None = None
 
     @property
     def never_started(self) -> bool:
@@ -220,11 +222,15 @@ class Supervisor:
         failure_timeout: float = 15.0,
         keep: Sequence[int] = (),
         watch: Mapping[str, subprocess.Popen] | None = None,
+        host_lost: Callable[[], str | None] | None = None,
     ) -> None:
         self.argv = list(argv)
         # Processes the job needs running until it ends: if one ends first, the job stops.
         self.watch = dict(watch or {})
         self._watched_exit: str | None = None
+        # Why another host of the job is lost, once it is (polled): the job stops at once.
+        self.host_lost = host_lost
+        self._host_lost: str | None = None
         self.env, self.cwd = dict(env), cwd
         self.hosts, self.ranks_per_host = list(hosts), max(1, ranks_per_host)
         self.grace, self.failure_timeout, self.keep = grace, failure_timeout, tuple(keep)
@@ -238,6 +244,7 @@ class Supervisor:
         self._daemons_failed = False
         self._stop_signal: int | None = None
         self._stop_at: float | None = None
+        self._kill_after = grace  # seconds from the stop to SIGKILL
         self.proc: subprocess.Popen | None = None
 
     def host_of(self, rank: int) -> str | None:
@@ -350,10 +357,21 @@ class Supervisor:
                 self.stop(signal.SIGTERM)
                 return
 
+    def _check_hosts(self) -> None:
+        if self._host_lost is not None or self.host_lost is None:
+            return
+        self._host_lost = self.host_lost()
+        if self._host_lost is not None:
+            log.error("another host is lost; stopping the job")
+            # mpirun may wait on the lost host's daemon: the failure's grace, not the stop's
+            self._kill_after = min(self.grace, self.failure_timeout)
+            self.stop(signal.SIGTERM)
+
     def _watchdog(self) -> None:
         self._check_watched()
+        self._check_hosts()
         now = time.monotonic()
-        if self._stop_at is not None and now - self._stop_at > self.grace:
+        if self._stop_at is not None and now - self._stop_at > self._kill_after:
             self._kill_tree()
         elif self._failure_at is not None and now - self._failure_at > self.failure_timeout:
             log.warning("a rank failed and the job did not end; stopping it")
@@ -379,7 +397,7 @@ class Supervisor:
             tails = {r: tuple(t) for r, t in self._tails.items()}
             stopped = signal.Signals(self._stop_signal).name if self._stop_signal else None
             return Outcome(code, self.argv, self._failure, tails, tuple(self._tail), stopped,
-                           self._daemons_failed, self._watched_exit)
+                           self._daemons_failed, self._watched_exit, self._host_lost)
 
     def run(self) -> Outcome:
         self.start()

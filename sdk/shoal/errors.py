@@ -151,6 +151,11 @@ class LaunchError(RuntimeFailure):
     """mpirun or a rank could not be started, or the training processes failed."""
 
 
+class HostLostError(RuntimeFailure):
+    """A host of the job stopped answering the other hosts' launchers (``SHOAL_HOST_TIMEOUT``):
+    crashed, cut off the network, or frozen."""
+
+
 class BuildError(ShoalError):
     """An image build or push failed."""
 

@@ -283,3 +283,18 @@ def test_a_watched_process_still_running_changes_nothing():
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_lost_host_stops_the_job_and_is_its_root_cause():
+    lost = []
+    sup = Supervisor([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                     os.getcwd(), grace=10.0, failure_timeout=1.0,
+                     host_lost=lambda: lost[0] if lost else None)
+    reason = "HostLostError: host algo-2 (ranks 2-3) stopped answering: no heartbeat for 15.0 s."
+    threading.Timer(0.5, lambda: lost.append(reason)).start()
+    start = time.monotonic()
+    outcome = sup.run()
+    assert time.monotonic() - start < 8  # SIGTERM at once, not the 10 s grace of a stop
+    assert not outcome.ok and outcome.host_lost == reason
+    text = failure.failure_message(outcome)
+    assert text.startswith(reason + "\nExecuteUserScriptError:"), text

@@ -43,7 +43,7 @@ SSH_DIR = "ssh"
 # what only the simulation uses: a namespaced host takes the real path
 SIMULATION_ONLY = (simulate.SIMULATED_ROOT_ENV, simulate.SESSION_TMP_ENV, "SAGEMAKER_BASE_DIR",
                    "SHOAL_HOST", "SHOAL_MASTER_ADDR", "SHOAL_MASTER_PORT", "SHOAL_STATUS_PORT",
-                   "SHOAL_TF_ADDRESSES", "OMPI_MCA_orte_tmpdir_base")
+                   "SHOAL_TF_ADDRESSES", "SHOAL_HEARTBEAT_ADDRESSES", "OMPI_MCA_orte_tmpdir_base")
 
 
 def make_keys(job_root: Path) -> Path:

@@ -38,6 +38,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 
+import attrs
 from shoal.errors import LaunchError, ShoalError
 from shoal.launcher import cluster, failure, heartbeat, hostname, mpi, runners, source
 from shoal.launcher.environment import (
@@ -224,6 +225,8 @@ def run_master(launch: Launch) -> int:
         keep = [sshd.pid] if sshd else []
         outcome = launch.supervise(launch.mpirun_argv(), launch.mpirun_env(), keep,
                                    host_lost=lambda: beat.lost if beat else None)
+        if beat and not outcome.ok and not outcome.host_lost and beat.settle():
+            outcome = attrs.evolve(outcome, host_lost=beat.lost)
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:

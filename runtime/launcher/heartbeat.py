@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_PORT = 7595
 ADDRESSES_ENV = "SHOAL_HEARTBEAT_ADDRESSES"  # simulated hosts: {"algo-1": ["127.0.0.1", port]}
-REFUSED_FOR = 2.0  # seconds of refused heartbeats that prove a peer's launcher gone
+REFUSED_FOR = 1.5  # seconds of refused heartbeats that prove a peer's launcher gone
 STALL = 2.0  # the watcher's own lateness (seconds) beyond which it blames itself
 DATAGRAM = 512  # bytes: the largest heartbeat read
 _UNREACHABLE = (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN)
@@ -325,6 +325,9 @@ class Heartbeat:
         if self.lost is not None:
             return
         for peer in self.peers.values():
+            pending = peer.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if peer.sock else 0
+            if pending:  # the kernel's answer to the last heartbeat, as soon as it came
+                peer.answered(pending, now)
             cause = verdict(peer, now, self.settings)
             if cause is None:
                 continue
@@ -333,6 +336,19 @@ class Heartbeat:
             if self.on_lost is not None:
                 self.on_lost(peer.host, self.lost)
             return
+
+
+    def settle(self) -> str | None:
+        """The verdict on a peer already in doubt (refused, unreachable or silent for a few
+        beats), waited for: a job that failed because a host went away is ended by mpirun
+        within a second, before the verdict; the verdict is its root cause."""
+        now = time.monotonic()
+        doubtful = [p for p in self.peers.values() if not p.done and p.expected and (
+            p.error or now - p.heard > 2 * self.settings.interval)]
+        deadline = now + REFUSED_FOR + 2 * self.settings.interval
+        while doubtful and self.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.lost
 
 
 def start(me: str, hosts: Sequence[str], settings: Settings, environ: Mapping[str, str], *,

@@ -25,8 +25,11 @@ from tests.faults.harness import (
     start,
 )
 
-QUICK = 60.0                        # a fault the job notices at once
+QUICK = 60.0                        # a fault the job notices at once, or its heartbeat does
 HANGING = COLLECTIVE_TIMEOUT + 30.0  # a fault only the collective time-out notices
+# The launchers' heartbeat with its defaults (SHOAL_HOST_TIMEOUT 15 s): a host killed, cut
+# off or frozen is named as lost, whatever its ranks were doing
+HOST_LOST = r"HostLostError: host algo-2 \(ranks 2-3\) stopped answering: "
 
 
 def kept_what_it_wrote(job) -> None:
@@ -61,15 +64,30 @@ def test_a_link_dropped(tmp_path, monkeypatch):
     mark_fault(job)
     subprocess.run(["ip", "-n", host_namespace("algo-2"), "link", "set", "eth0", "down"],
                    check=True)
-    d = finish(job, HANGING)
+    d = finish(job, QUICK)
     assert d["TrainingJobStatus"] == "Failed"
-    assert re.search(r"CollectiveTimeoutError: allreduce timed out after 20s waiting for ranks "
-                     r"\[[23](, [23])?\]", d["FailureReason"]), d["FailureReason"]
+    assert re.search(HOST_LOST + r"(unreachable: )?no heartbeat for 1\d\.\d s",
+                     d["FailureReason"]), d["FailureReason"]
+    kept_what_it_wrote(job)
+
+
+def test_a_host_frozen(tmp_path, monkeypatch):
+    """Every process of algo-2 stopped (SIGSTOP): its kernel still acknowledges TCP, so no
+    connection breaks; only the silence of its launcher tells."""
+    job = start(tmp_path, "host-frozen", monkeypatch)
+    mark_fault(job)
+    signal_pids(namespace_pids("algo-2"), signal.SIGSTOP)
+    d = finish(job, QUICK)
+    assert d["TrainingJobStatus"] == "Failed"
+    assert re.search(HOST_LOST + r"no heartbeat for 1\d\.\d s", d["FailureReason"]), \
+        d["FailureReason"]
     kept_what_it_wrote(job)
 
 
 def test_a_rank_frozen_until_the_collective_time_out(tmp_path, monkeypatch):
-    job = start(tmp_path, "rank-frozen", monkeypatch)
+    """One rank stopped inside a live host: its launcher still answers, so only the
+    collective time-out (lowered here, as a user would) ends the job."""
+    job = start(tmp_path, "rank-frozen", monkeypatch, SHOAL_COLLECTIVE_TIMEOUT=COLLECTIVE_TIMEOUT)
     victim = rank_pids("algo-2")[-1]
     mark_fault(job)
     signal_pids([victim], signal.SIGSTOP)

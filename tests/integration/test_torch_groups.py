@@ -14,7 +14,10 @@ under the real mpirun, on 2, 3 and 4 ranks of one host and on 2 simulated hosts 
   group's own split (what the public API calls) gives a working shoal group;
 - 200 groups created and destroyed leave no shared-memory segment, descriptor or thread;
 - a peer that exits (or destroys its communicator) right after its barrier or allreduce
-  completes never fails the rank still inside it, 200 times per case.
+  completes never fails the rank still inside it, 200 times per case;
+- ``timeout=`` of ``new_group`` and ``init_process_group`` bounds that group's barriers (torch's
+  default leaves ``SHOAL_COLLECTIVE_TIMEOUT`` in force); the error names the group, the
+  operation, the time-out and the ranks waited for, and other groups go on working.
 
 This file is also the rank program: ``python test_torch_groups.py <mode>`` runs one rank
 (``sections groups,objects,churn``, ``split``, ``race-destroy N``), or, for
@@ -151,6 +154,24 @@ def test_a_peer_destroying_its_communicator_right_after_completing_never_fails_t
     ``REPETITIONS`` each, with the overlap counted as in the fresh-process test."""
     out = run_mode(2, "race-destroy", str(REPETITIONS), hosts=hosts)
     assert out.count("race destroy ok") == 2, out
+
+
+@pytest.mark.parametrize("hosts", [1, 2], ids=["one-host", "2-simulated-hosts"])
+def test_group_timeouts_bound_barriers_and_name_the_group(hosts):
+    """Rank 0 alone enters a barrier on a group made with ``timeout=2 s``: it fails after
+    2 s (not the 4 s of SHOAL_COLLECTIVE_TIMEOUT), saying which group, operation, time-out
+    and ranks, in words torch's own suite accepts; the world and a later group still work;
+    a group without ``timeout=`` times out after SHOAL_COLLECTIVE_TIMEOUT and says so."""
+    env = {"MASTER_PORT": str(free_port()), "SHOAL_JOB_ID": uuid.uuid4().hex[:12],
+           "SHOAL_COLLECTIVE_TIMEOUT": "4"}
+    out = run_ranks(2, rank_argv(2, hosts, "timeouts"), env=env, timeout=300)
+    assert out.count("group timeouts ok") == 2, out
+
+
+def test_init_process_group_timeout_bounds_the_world():
+    env = {"MASTER_PORT": str(free_port()), "SHOAL_JOB_ID": uuid.uuid4().hex[:12]}
+    out = run_ranks(2, rank_argv(2, 1, "world-timeout"), env=env, timeout=300)
+    assert out.count("world timeout ok") == 2, out
 
 
 def subprocess_run(argv, timeout=300):
@@ -842,6 +863,72 @@ def main_race_destroy(repetitions):
     print(f"rank {rank}: race destroy ok", flush=True)
 
 
+def barrier_alone(dist, group, seconds, note):
+    """Rank 0's barrier on ``group`` that rank 1 never enters: it must time out after
+    ``seconds`` with an error that says ``note`` of the time-out."""
+    import re
+
+    start = time.monotonic()
+    try:
+        dist.barrier(group=group)
+    except RuntimeError as error:
+        text = str(error)
+    else:
+        raise AssertionError("the barrier did not time out")
+    took = time.monotonic() - start
+    assert seconds - 0.1 <= took < seconds + 3, took
+    want = f"barrier timed out after {seconds}s waiting for ranks [1] ({note})"
+    assert want in text, text
+    assert re.search(" (Timed out|closed|timeout) ", text), text  # torch's suite's check
+
+
+def main_timeouts():
+    import datetime
+
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch
+    import torch.distributed as dist
+
+    setup_env_like_shoal_rank()
+    dist.init_process_group(backend="shoal")  # no timeout=: SHOAL_COLLECTIVE_TIMEOUT's 4 s
+    rank = dist.get_rank()
+    side = dist.new_group(backend="gloo")  # to wait for rank 0 without the shoal groups
+    short = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    if rank == 0:
+        barrier_alone(dist, short, 2, f"group '{short.group_name}', timeout set for the group")
+    dist.barrier(group=side)
+    total = torch.ones(4)
+    dist.all_reduce(total)  # the world is untouched
+    assert total.tolist() == [2.0] * 4, total
+    plain = dist.new_group([0, 1])
+    if rank == 0:
+        barrier_alone(dist, plain, 4,
+                      f"group '{plain.group_name}', timeout from SHOAL_COLLECTIVE_TIMEOUT")
+    dist.barrier(group=side)
+    later = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    dist.barrier(group=later)  # a new group after the broken ones works
+    dist.destroy_process_group()
+    print(f"rank {rank}: group timeouts ok", flush=True)
+
+
+def main_world_timeout():
+    import datetime
+
+    import shoal.dataparallel.torch  # noqa: F401 - registers the backend
+    import torch.distributed as dist
+
+    setup_env_like_shoal_rank()
+    dist.init_process_group(backend="shoal", timeout=datetime.timedelta(seconds=2))
+    rank = dist.get_rank()
+    side = dist.new_group(backend="gloo")
+    if rank == 0:
+        world = dist.group.WORLD
+        barrier_alone(dist, world, 2, f"group '{world.group_name}', timeout set for the group")
+    dist.barrier(group=side)
+    dist.destroy_process_group()
+    print(f"rank {rank}: world timeout ok", flush=True)
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "sections":
@@ -852,5 +939,9 @@ if __name__ == "__main__":
         main_race_fresh(args[0], int(args[1]), int(args[2]))
     elif mode == "race-destroy":
         main_race_destroy(int(args[0]))
+    elif mode == "timeouts":
+        main_timeouts()
+    elif mode == "world-timeout":
+        main_world_timeout()
     else:
         raise SystemExit(f"unknown mode {mode!r}")

@@ -29,7 +29,7 @@ void Comm::allgather(const void* send, void* recv, std::size_t bytes_per_rank) {
       xfer.push_back({job_.mesh[h], out + cfg_.rank * B, B, true, job_.global(peer)});
       xfer.push_back({job_.mesh[h], out + (std::size_t)peer * B, B, false, job_.global(peer)});
     }
-    net::run(xfer, cfg_.timeout_ms, "allgather", [this] { seg_->check_abort(); });
+    net::run(xfer, cfg_.timeout_ms, "allgather", [this] { seg_->check_abort(); }, cfg_.timeout_note);
   }
   if (t.local_size == 1) return;
   // Large gathers read the local peers' columns straight from their buffers.

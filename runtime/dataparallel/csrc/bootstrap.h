@@ -28,7 +28,9 @@ struct Config {
   std::string master_addr;  // MASTER_ADDR, else 127.0.0.1
   int master_port = 0;      // MASTER_PORT, else derived from the job id
   std::string interface;    // SHOAL_NETWORK_INTERFACE
-  int timeout_ms = 300000;  // SHOAL_COLLECTIVE_TIMEOUT (seconds)
+  int timeout_ms = 300000;  // SHOAL_COLLECTIVE_TIMEOUT (seconds), or the group's own
+  // Where the time-out comes from, as time-out errors say it (Group::set_timeout).
+  std::string timeout_note = "SHOAL_COLLECTIVE_TIMEOUT";
   std::size_t fusion_bytes = 25u << 20;  // SHOAL_FUSION_THRESHOLD_BYTES
   std::size_t chunk_bytes = 256u << 10;  // SHOAL_SHM_CHUNK_BYTES: one slot (cache-sized)
   std::size_t small_bytes = 64u << 10;   // below: one handshake, no reduce-scatter

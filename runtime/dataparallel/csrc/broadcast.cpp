@@ -43,7 +43,7 @@ void Comm::broadcast(void* data, std::size_t bytes, int root) {
         else if (cfg_.rank != root && h == root_host)
           xfer.push_back({job_.mesh[h], base + lo, n, false, peer});
       }
-      net::run(xfer, cfg_.timeout_ms, "broadcast", [this] { seg_->check_abort(); });
+      net::run(xfer, cfg_.timeout_ms, "broadcast", [this] { seg_->check_abort(); }, cfg_.timeout_note);
     }
     if (t.local_size > 1) local_broadcast(base + lo, n, local_root);
   }

@@ -112,6 +112,12 @@ P2P& Comm::p2p() {
   return *p2p_;
 }
 
+void Comm::set_timeout(int timeout_ms, const std::string& note) {
+  if (timeout_ms > 0) cfg_.timeout_ms = timeout_ms;
+  cfg_.timeout_note = note;
+  if (seg_) seg_->set_timeout(cfg_.timeout_ms, note);
+}
+
 void Comm::stop_watching() {
   if (!watcher_.joinable()) return;
   const uint64_t one = 1;

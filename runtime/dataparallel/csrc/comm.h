@@ -42,6 +42,9 @@ class Comm {
                 const std::vector<std::size_t>& recv_offsets);
   void gather(const void* send, void* recv, std::size_t bytes, int root);
   void scatter(const void* send, void* recv, std::size_t bytes, int root);
+  // Bounds this communicator's operations from now on by `timeout_ms` (> 0;
+  // otherwise the value stays), and time-out errors say `note` (Group::set_timeout).
+  void set_timeout(int timeout_ms, const std::string& note);
   // The communicator's point-to-point transfers (started on first use).
   P2P& p2p();
   // The failure this rank reports after `seen` broke a collective: the root

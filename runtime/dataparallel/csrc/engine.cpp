@@ -164,6 +164,10 @@ class Engine : public Group, public std::enable_shared_from_this<Engine> {
     run(rooted_item(Kind::Scatter, send, recv, bytes, root, "scatter"));
   }
 
+  void set_timeout(int timeout_ms, const std::string& note) override {
+    live().set_timeout(timeout_ms, note);
+  }
+
   bool idle() override {
     std::lock_guard<std::mutex> lk(mu_);
     return queue_.empty() && !busy_ && !broken_;

@@ -100,7 +100,7 @@ void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& 
     xfer.push_back({job_.mesh[h], out_[h].data(), out_[h].size(), true, peer});
     xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer});
   }
-  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); });
+  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); }, cfg_.timeout_note);
   for (int h = 0; h < H; ++h) srcs[h] = h == host ? static_cast<const void*>(out) : in_[h].data();
   reduce_into(dtype, op, out, srcs.data(), H, mine.size(), divisor);
 }

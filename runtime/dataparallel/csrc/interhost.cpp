@@ -25,7 +25,7 @@ void Comm::exchange_whole(char* buf, std::size_t n, DType dtype, ReduceOp op, in
     xfer.push_back({job_.mesh[h], buf, bytes, true, peer});
     xfer.push_back({job_.mesh[h], scratch_.data() + h * bytes, bytes, false, peer});
   }
-  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); });
+  net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); }, cfg_.timeout_note);
   reduce_into(dtype, op, buf, srcs.data(), H, n, divisor);
 }
 
@@ -67,7 +67,7 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
     xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
   }
   auto check = [this] { seg_->check_abort(); };
-  net::run(xfer, cfg_.timeout_ms, name, check);
+  net::run(xfer, cfg_.timeout_ms, name, check, cfg_.timeout_note);
   // My part of each slice, reduced in host order; packed for phase 2.
   if (!one) out_[me].resize(bytes_of(me));
   std::vector<const void*> srcs(H);
@@ -93,7 +93,7 @@ void Comm::inter_host(const std::vector<Slice>& slices, DType dtype, ReduceOp op
     xfer.push_back({job_.mesh[h], out_[me].data(), out_[me].size(), true, peer(h)});
     xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer(h)});
   }
-  net::run(xfer, cfg_.timeout_ms, name, check);
+  net::run(xfer, cfg_.timeout_ms, name, check, cfg_.timeout_note);
   if (one) return;
   for (int h = 0; h < H; ++h) {
     if (h == me) continue;

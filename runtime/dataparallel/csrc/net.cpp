@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -168,8 +169,15 @@ static bool step(Transfer& t, const std::string& op) {
   return true;
 }
 
+std::string timed_out(const std::string& op, int timeout_ms, const std::string& waiting,
+                      const std::string& note) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_ms / 1000.0);
+  return op + " timed out after " + secs + "s " + waiting + " (" + note + ")";
+}
+
 void run(std::vector<Transfer>& transfers, int timeout_ms, const std::string& op,
-         const std::function<void()>& check) {
+         const std::function<void()>& check, const std::string& note) {
   auto last_progress = std::chrono::steady_clock::now();
   std::vector<pollfd> fds;
   std::vector<Transfer*> live;
@@ -199,9 +207,7 @@ void run(std::vector<Transfer>& transfers, int timeout_ms, const std::string& op
         names += (names.empty() ? "" : ", ") + std::to_string(t->peer);
       }
       throw Error(Error::Kind::Timeout,
-                  op + " timed out after " + std::to_string(timeout_ms / 1000) +
-                      "s waiting for ranks [" + names + "] (SHOAL_COLLECTIVE_TIMEOUT)",
-                  peers);
+                  timed_out(op, timeout_ms, "waiting for ranks [" + names + "]", note), peers);
     }
     if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) sys_fail("poll");
     if (check) check();

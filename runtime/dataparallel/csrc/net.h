@@ -39,12 +39,19 @@ struct Transfer {
   std::size_t done = 0;
 };
 
+// "<op> timed out after <t>s <waiting> (<note>)": every time-out error's text.
+// `note` says where the time-out comes from (the environment, or the group's
+// own, as set by the framework) and names the group when it has a name.
+std::string timed_out(const std::string& op, int timeout_ms, const std::string& waiting,
+                      const std::string& note);
+
 // Drives all transfers to completion together (so large exchanges never
 // deadlock on full socket buffers). Throws shoal::Error: PeerLost on EOF or a
 // reset, Timeout when no progress was made for timeout_ms. `check` runs
 // between polls (abort propagation).
 void run(std::vector<Transfer>& transfers, int timeout_ms, const std::string& op,
-         const std::function<void()>& check);
+         const std::function<void()>& check,
+         const std::string& note = "SHOAL_COLLECTIVE_TIMEOUT");
 
 // Blocking helpers over run(), for the bootstrap.
 void send_all(int fd, const void* data, std::size_t size, int peer, int timeout_ms,

@@ -1,6 +1,8 @@
 // Point-to-point transfers (see p2p.h).
 #include "p2p.h"
 
+#include "net.h"
+
 #include <errno.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -523,9 +525,9 @@ void P2P::wait(Op& op) {
       const int g = op.peer < 0 ? -1 : job_.global(op.peer);
       op.finish(std::make_exception_ptr(Error(
           Error::Kind::Timeout,
-          std::string(op.is_send ? "send to" : "recv from") + " rank " +
-              (g < 0 ? std::string("(any)") : std::to_string(g)) + " timed out after " +
-              std::to_string(cfg_.timeout_ms / 1000) + "s (SHOAL_COLLECTIVE_TIMEOUT)",
+          net::timed_out(std::string(op.is_send ? "send to" : "recv from") + " rank " +
+                             (g < 0 ? std::string("(any)") : std::to_string(g)),
+                         cfg_.timeout_ms, "waiting for it", cfg_.timeout_note),
           g < 0 ? std::vector<int>{} : std::vector<int>{g})));
       break;
     }

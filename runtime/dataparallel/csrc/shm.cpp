@@ -24,6 +24,8 @@
 #include <immintrin.h>
 #endif
 
+#include "net.h"
+
 namespace shoal {
 
 namespace {
@@ -242,6 +244,11 @@ void HostSegment::check_liveness(const std::vector<int>& lagging, const std::str
   }
 }
 
+void HostSegment::set_timeout(int timeout_ms, const std::string& note) {
+  timeout_note_ = note;
+  timeout_ms_.store(timeout_ms);
+}
+
 void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
                               const std::string& op, std::chrono::steady_clock::time_point since) {
   for (int i = 0; i < spin_; ++i) {
@@ -274,15 +281,14 @@ void HostSegment::wait_change(uint32_t seen, const std::vector<int>& lagging,
   // A local peer that lags but lives may itself be waiting for a rank further away (a
   // frozen or cut-off rank on another host), and its own time-out names that rank. Give it a
   // tenth of the time-out (at most 2 s) to publish its failure (check_abort) before naming it.
-  const int grace_ms = std::min(timeout_ms_ / 10, 2000);
-  if (now - since > std::chrono::milliseconds(timeout_ms_ + grace_ms)) {
+  const int timeout_ms = timeout_ms_.load();
+  const int grace_ms = std::min(timeout_ms / 10, 2000);
+  if (now - since > std::chrono::milliseconds(timeout_ms + grace_ms)) {
     std::vector<int> missing;
     for (int i : lagging) missing.push_back(peers_[i].global_rank);
-    char secs[32];
-    std::snprintf(secs, sizeof secs, "%g", timeout_ms_ / 1000.0);
     throw Error(Error::Kind::Timeout,
-                op + " timed out after " + secs + "s waiting for ranks [" + join(missing) +
-                    "] (SHOAL_COLLECTIVE_TIMEOUT)",
+                net::timed_out(op, timeout_ms, "waiting for ranks [" + join(missing) + "]",
+                               timeout_note_),
                 missing);
   }
 }

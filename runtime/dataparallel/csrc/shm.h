@@ -67,6 +67,8 @@ class HostSegment {
   // error another local rank published with abort().
   void wait_change(uint32_t seen, const std::vector<int>& lagging, const std::string& op,
                    std::chrono::steady_clock::time_point since);
+  // The time-out of waits from now on, and where it comes from (net::timed_out).
+  void set_timeout(int timeout_ms, const std::string& note);
   // Tells the other local ranks that a rank failed, so they fail at once too.
   // The first failure published on the host wins; later ones are dropped.
   void abort(const Failure& failure);
@@ -87,7 +89,8 @@ class HostSegment {
   std::vector<LocalPeer> peers_;
   std::size_t slot_bytes_;
   int depth_;
-  int timeout_ms_;
+  std::atomic<int> timeout_ms_;
+  std::string timeout_note_ = "SHOAL_COLLECTIVE_TIMEOUT";
   int spin_;
   std::size_t map_bytes_ = 0;
   char* base_ = nullptr;

@@ -17,18 +17,26 @@ BACKEND_NAME = "shoal"
 ALIASES = ("smddp",)
 
 
-def create_process_group(store, rank: int, size: int, timeout, ranks=()):
+def create_process_group(store, rank: int, size: int, timeout, ranks=(), name: str = ""):
     """torch's creator for backend ``shoal``: a c10d Backend on a communicator of its own,
     set up through the group's ``store`` (``createProcessGroupShoal(store, rank, size,
     timeout)``). ``ranks`` are the group's global ranks (none: the world). The first
     world-sized group runs on the core's world communicator, started here unless the
-    module API started it."""
+    module API started it.
+
+    ``timeout`` (torch's ``timeout=`` of ``init_process_group`` or ``new_group``) bounds each
+    of the group's collectives, barriers and transfers; torch's default (30 minutes, given
+    when the user gives none) leaves ``SHOAL_COLLECTIVE_TIMEOUT`` in force. A time-out's error
+    names the group (``name``, torch's), the operation, the time-out and the ranks waited for.
+    """
     from .build import load_extension
 
     extension = load_extension()
     _drain_at_exit(extension)
     world = torch_dist.get_world_size() if torch_dist.is_initialized() else size
-    return extension.create_backend(store, rank, size, [int(r) for r in ranks], world)
+    timeout_ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
+    return extension.create_backend(store, rank, size, [int(r) for r in ranks], world,
+                                    timeout_ms=timeout_ms, name=str(name or ""))
 
 
 _draining: list = []
@@ -63,6 +71,7 @@ def create_from_options(options, backend_options=None):
         options.group_size,
         options.timeout,
         list(options.global_ranks_in_group),
+        getattr(options, "group_id", ""),
     )
 
 

@@ -173,6 +173,12 @@ class Group {
   virtual WorkPtr recv_async(void* data, std::size_t bytes, int peer, int tag) = 0;
   // Nothing queued or running: a synchronous call would run on the caller's thread.
   virtual bool idle() = 0;
+  // Bounds every later collective, barrier and point-to-point transfer of this
+  // communicator by `timeout_ms` (> 0; otherwise SHOAL_COLLECTIVE_TIMEOUT's value
+  // stays), for a framework's per-group time-out (torch's timeout=). Time-out
+  // errors then say "(<note>)", e.g. "group '3', timeout set for the group".
+  // Call it before the communicator's first operation.
+  virtual void set_timeout(int timeout_ms, const std::string& note) = 0;
   // Local cleanup only (no collective): drains queued work, stops the worker,
   // unmaps memory, closes sockets. Later calls fail with a Usage error. Also
   // done when the last reference goes.

@@ -424,6 +424,8 @@ size_t total_bytes(const std::vector<at::Tensor>& tensors) {
 // ---- the backend ------------------------------------------------------------
 
 shoal::Share store_share(c10::intrusive_ptr<c10d::Store> store, int size);
+int group_timeout_ms(int64_t timeout_ms);
+std::string timeout_note(const std::string& name, int64_t timeout_ms);
 
 // Releases the GIL for a scope where this thread holds it: torch calls the
 // backend from Python with the GIL released, and from its own C++ threads.
@@ -440,8 +442,11 @@ class WithoutGil {
 class ProcessGroupShoal : public c10d::Backend {
  public:
   // `release` gives the communicator back (destroys a group, or lets go of the world).
-  ProcessGroupShoal(int rank, int size, shoal::GroupPtr group, std::function<void()> release)
-      : c10d::Backend(rank, size), group_(std::move(group)), release_(std::move(release)) {}
+  // `name`: torch's name of the group, which time-out errors give.
+  ProcessGroupShoal(int rank, int size, shoal::GroupPtr group, std::function<void()> release,
+                    std::string name = "")
+      : c10d::Backend(rank, size), group_(std::move(group)), release_(std::move(release)),
+        name_(std::move(name)) {}
   ~ProcessGroupShoal() override { shutdown(); }
 
   const std::string getBackendName() const override { return "shoal"; }
@@ -456,7 +461,11 @@ class ProcessGroupShoal : public c10d::Backend {
   c10::intrusive_ptr<Options> getBackendOptions() override {
     return c10::make_intrusive<Options>("shoal");
   }
-  void setTimeout(std::chrono::milliseconds /*timeout: the core's own applies*/) override {}
+  // torch's timeout= of the group (0: none given, SHOAL_COLLECTIVE_TIMEOUT applies).
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    const int ms = group_timeout_ms(timeout.count());
+    group_->set_timeout(ms, timeout_note(name_, ms));
+  }
   c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
                                           const std::vector<int>& ranks,
                                           const c10::intrusive_ptr<Options>& /*opts*/) override {
@@ -467,7 +476,8 @@ class ProcessGroupShoal : public c10d::Backend {
       WithoutGil nogil;
       shoal::GroupPtr group =
           shoal::create_group(rank, size, group_->topology().global_rank, store_share(store, size));
-      return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); });
+      return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); },
+                                                    name_ + "/split");
     } catch (const shoal::Error&) {
       std::rethrow_exception(translate(std::current_exception()));
     }
@@ -1098,6 +1108,7 @@ class ProcessGroupShoal : public c10d::Backend {
 
   shoal::GroupPtr group_;
   std::function<void()> release_;
+  const std::string name_;
   std::atomic<uint64_t> seq_{0};
   const bool across_hosts_ = group_->topology().num_hosts > 1;
   // The end of this group's latest operation (profiling: when the next queued one starts).
@@ -1124,6 +1135,22 @@ shoal::Share store_share(c10::intrusive_ptr<c10d::Store> store, int size) {
   };
 }
 
+// torch's timeout= of a group in ms, or 0 for torch's default: torch hands every backend but
+// NCCL 30 minutes when the user gives none, and then SHOAL_COLLECTIVE_TIMEOUT (300 s unless
+// set) applies. An explicit 30 minutes cannot be told from none.
+int group_timeout_ms(int64_t timeout_ms) {
+  if (timeout_ms <= 0 || timeout_ms == ::kBackendDefaultTimeout.count()) return 0;
+  return static_cast<int>(std::min<int64_t>(timeout_ms, 86400000));
+}
+
+// What a time-out error says of where its time-out comes from: the group, and whether torch's
+// timeout= (`timeout_ms` > 0) or SHOAL_COLLECTIVE_TIMEOUT set it.
+std::string timeout_note(const std::string& name, int64_t timeout_ms) {
+  const std::string group = name.empty() ? "group" : "group '" + name + "'";
+  return group + (timeout_ms > 0 ? ", timeout set for the group"
+                                 : ", timeout from SHOAL_COLLECTIVE_TIMEOUT");
+}
+
 std::mutex g_world_mutex;
 bool g_world_taken = false;  // a process group runs on the core's world communicator
 
@@ -1131,16 +1158,21 @@ bool g_world_taken = false;  // a process group runs on the core's world communi
 // set up through its store. The first world-sized group takes the core's world
 // (started here if the module API has not), so a script that also calls
 // shoal.dataparallel.core shares one communicator with torch's default group.
+//
+// `timeout_ms` bounds the group's operations (0: SHOAL_COLLECTIVE_TIMEOUT); `name` is torch's.
 c10::intrusive_ptr<c10d::Backend> create_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size,
                                                  std::vector<int64_t> global_ranks,
-                                                 int world_size) {
+                                                 int world_size, int64_t timeout_ms,
+                                                 const std::string& name) {
   TORCH_CHECK(rank >= 0 && rank < size, "shoal backend: group rank ", rank,
               " is outside the group of ", size);
   TORCH_CHECK(global_ranks.empty() || static_cast<int>(global_ranks.size()) == size,
               "shoal backend: the group's global ranks do not match its size");
   const int global = global_ranks.empty() ? rank : static_cast<int>(global_ranks[rank]);
   const shoal::Share share = store_share(store, size);
+  const int timeout = group_timeout_ms(timeout_ms);
+  const std::string note = timeout_note(name, timeout);
   py::gil_scoped_release nogil;
   try {
     std::unique_lock<std::mutex> lock(g_world_mutex);
@@ -1154,12 +1186,15 @@ c10::intrusive_ptr<c10d::Backend> create_backend(const c10::intrusive_ptr<c10d::
           g_world_taken = false;
           if (started) shoal::shutdown();
         };
-        return c10::make_intrusive<ProcessGroupShoal>(rank, size, shoal::world(), release);
+        shoal::world()->set_timeout(timeout, note);
+        return c10::make_intrusive<ProcessGroupShoal>(rank, size, shoal::world(), release, name);
       }
     }
     lock.unlock();
     shoal::GroupPtr group = shoal::create_group(rank, size, global, share);
-    return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); });
+    group->set_timeout(timeout, note);
+    return c10::make_intrusive<ProcessGroupShoal>(rank, size, group, [group] { group->destroy(); },
+                                                  name);
   } catch (const shoal::Error&) {
     std::rethrow_exception(translate(std::current_exception()));
   }
@@ -1186,5 +1221,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
      "and how many were dropped.");
   m.def("create_backend", &shoal_torch::create_backend, py::arg("store"), py::arg("rank"),
         py::arg("size"), py::arg("global_ranks"), py::arg("world_size"),
+        py::arg("timeout_ms") = 0, py::arg("name") = "",
         "A c10d Backend on its own communicator of the core, set up through `store`.");
 }

@@ -24,7 +24,9 @@ master host; when this host's /opt/ml configuration is readable they are recompu
 this host. When the command
 fails (and the wrapper was not told to stop), one line ``SHOAL_RANK_FAILED {json}`` on
 stderr names the rank, host, exit code or signal, for the launcher's failure report. The
-child is killed if the wrapper dies (``PR_SET_PDEATHSIG``), so no rank is orphaned. Each
+child is killed if the wrapper dies (``PR_SET_PDEATHSIG``), so no rank is orphaned. While its
+rank runs, the wrapper notes its pid under ``input/shoal-ranks/`` for its host's launcher, which
+ends the host's ranks that way when another host is lost (:func:`end_host_ranks`). Each
 rank starts by printing ``shoal-rank: rank R of N (local L of M) on HOST`` to stderr
 (``SHOAL_RANK_QUIET=1`` turns it off).
 """

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from shoal.launcher.rank import FAILURE_MARKER, failure_line, job_id, rank_environment
 
@@ -105,3 +106,32 @@ def test_host_environment_file_is_private_and_is_the_base_of_the_rank_env(tmp_pa
     done = _run_rank("import os; print(os.environ['FROM_CONTAINER'], os.environ['OVERRIDDEN'])",
                      tmp_path, {"OVERRIDDEN": "mpirun"})  # fmt: skip
     assert done.stdout.split() == ["yes", "mpirun"]
+
+
+def test_the_hosts_launcher_ends_its_running_ranks(tmp_path):
+    """A wrapper notes itself under input/shoal-ranks while its rank runs (ranks on a worker
+    host are not the launcher's children); end_host_ranks ends those, and only those."""
+    from shoal.launcher.rank import RANKS_DIR, end_host_ranks
+
+    env = {**os.environ, **OMPI, "SHOAL_HOST": "algo-2", "SAGEMAKER_BASE_DIR": str(tmp_path)}
+    rank = subprocess.Popen([sys.executable, "-m", "shoal.launcher.rank", sys.executable, "-c",
+                             "import time; time.sleep(60)"], env=env, stderr=subprocess.PIPE)
+    folder = tmp_path / "input" / RANKS_DIR
+    deadline = time.monotonic() + 30
+    while not (folder / str(rank.pid)).exists():
+        assert time.monotonic() < deadline and rank.poll() is None
+        time.sleep(0.05)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (folder / str(stranger.pid)).touch()  # a pid reused by another process: left alone
+    (folder / "not-a-pid").touch()
+    try:
+        assert end_host_ranks(str(tmp_path / "input"), grace=5) == 1
+        rank.wait(timeout=10)  # (its status went to psutil, which reaped it)
+        assert stranger.poll() is None
+        assert FAILURE_MARKER not in rank.stderr.read().decode()  # stopped, not failed
+        assert not (folder / str(rank.pid)).exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
+        rank.kill()
+        rank.wait()

@@ -186,6 +186,8 @@ def end_namespaces(network: JobNetwork, procs, grace: float) -> None:
     names = [h.namespace for h in network.plan.hosts if h.namespace in present]
     for sig, wait in ((signal.SIGTERM, min(grace, 10.0)), (signal.SIGKILL, 5.0)):
         signal_namespaces(names, sig)
+        if sig == signal.SIGTERM:  # a stopped process (a frozen host) acts on it once resumed
+            signal_namespaces(names, signal.SIGCONT)
         deadline = time.monotonic() + wait
         while namespace_pids(names) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -133,6 +133,7 @@ def checkpointed_call(fn: Callable, modules: Sequence[torch.nn.Module], args, kw
     those it runs (their tensor-parallel dropouts' generators are restored to recompute)."""
     if not torch.is_grad_enabled():  # nothing to keep: a traced or evaluation forward
         return _checked(fn(*args, **kwargs), what)
+    kwargs = _without_cache(modules, kwargs)
     taken: list[tuple[torch.Generator, torch.Tensor]] = []
     runs = 0
 
@@ -154,6 +155,21 @@ def checkpointed_call(fn: Callable, modules: Sequence[torch.nn.Module], args, kw
     with _offload.saving():  # offload_activations: the inputs kept go to host memory
         return _torch_checkpoint(body, *args, use_reentrant=False,
                                  preserve_rng_state=preserve_rng_state, **kwargs)
+
+
+# What Hugging Face's checkpointed layers drop: a cache written in the forward would be
+# written again when the backward re-runs it (keys twice as long as the mask).
+_CACHE_ARGUMENTS = {"use_cache": False, "cache": None, "layer_past": None,
+                    "past_key_value": None, "past_key_values": None}
+
+
+def _without_cache(modules, kwargs: dict) -> dict:
+    """``kwargs`` without a key/value cache, for a Hugging Face layer (a
+    ``GradientCheckpointingLayer``, which does the same under its own checkpointing)."""
+    if not any(hasattr(type(m), "_can_checkpoint_with_cache") for m in modules):
+        return kwargs
+    dropped = {k: v for k, v in _CACHE_ARGUMENTS.items() if kwargs.get(k) not in (None, False)}
+    return {**kwargs, **dropped} if dropped else kwargs
 
 
 def runs_here(module: torch.nn.Module) -> bool:

@@ -60,6 +60,11 @@ def _check_prescaled_sequence(seq: int, tp_size: int) -> None:
 
 
 class DistributedTransformerLMHead(DistributedModule):
+    # Children whose weights the forward reads without calling them (the embedding tables,
+    # the output projection): sharded data parallelism gathers them with this module's own.
+    reads_children_parameters = ("word_embedding", "position_embedding",
+                                 "token_type_embedding", "lm_head")
+
     def __init__(self, num_layers: int = 12, num_attention_heads: int = 32,
                  attention_head_size: int = 32, hidden_size: int = 1024,
                  intermediate_size: int = 4096, vocab_size: int = 30522,

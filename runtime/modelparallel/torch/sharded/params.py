@@ -23,8 +23,8 @@ gathered and not yet released stay within ``sdp_max_live_parameters`` elements. 
 backward runs through the same list the other way round.
 
 Some modules read their children's weights in their own forward without calling the
-children (``nn.MultiheadAttention`` and its ``out_proj``): for those (``READS_CHILDREN``)
-the whole subtree's parameters are the module's own.
+children (``nn.MultiheadAttention`` and its ``out_proj``; smp.nn's language-model head and
+its embedding tables): their parameters count as the module's own (``owned``).
 """
 
 from __future__ import annotations
@@ -90,9 +90,17 @@ def _ring_allgather(raw, comm):
 
 
 def owned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The parameters ``module``'s forward uses itself: its own, or its subtree's."""
-    recurse = isinstance(module, READS_CHILDREN)
-    return list(module.parameters(recurse=recurse))
+    """The parameters ``module``'s forward uses itself: its own, its subtree's
+    (``READS_CHILDREN``), or those of the children a module names in its
+    ``reads_children_parameters`` (smp.nn's language-model head)."""
+    if isinstance(module, READS_CHILDREN):
+        return list(module.parameters())
+    found = list(module.parameters(recurse=False))
+    for name in getattr(module, "reads_children_parameters", ()):
+        child = getattr(module, name, None)
+        if isinstance(child, torch.nn.Module):
+            found += [p for p in child.parameters() if all(p is not q for q in found)]
+    return found
 
 
 def shard_parameter(p: torch.nn.Parameter, parts: int, rank: int, threshold: int) -> None:

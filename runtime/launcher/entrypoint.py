@@ -227,6 +227,8 @@ def run_master(launch: Launch) -> int:
                                    host_lost=lambda: beat.lost if beat else None)
         if beat and not outcome.ok and not outcome.host_lost and beat.settle():
             outcome = attrs.evolve(outcome, host_lost=beat.lost)
+        if beat:  # the outcome is known: a worker that leaves now is no failure
+            beat.on_lost = None
         code, text = _finish(launch.job.paths, outcome)
     except BaseException as e:
         if status:
@@ -265,13 +267,15 @@ def _outcome_unless_lost(launch: Launch, beat: heartbeat.Heartbeat | None,
     def wait() -> None:
         result.append(cluster.wait_for_outcome(launch.master_addr, _status_port(launch),
                                                timeout, me=launch.job.current_host))
+        if beat:  # the outcome is known: a master that leaves now is no failure
+            beat.on_lost = None
         settled.set()
 
     threading.Thread(target=wait, name="shoal-outcome", daemon=True).start()
     while not settled.wait(0.2):
         if beat and beat.lost:
             return None
-    return result[0]
+    return result[0]  # (a verdict after it is not this job's failure)
 
 
 def run_worker(launch: Launch) -> int:

@@ -98,7 +98,9 @@ def write_success(paths: JobPaths) -> None:
 def write_failure(paths: JobPaths, text: str) -> None:
     """Write the failure file unless one exists (the first failure is the root cause)."""
     os.makedirs(paths.output_dir, exist_ok=True)
-    if os.path.exists(paths.failure_file):
+    try:
+        # exclusive: the launcher's thread that declares a host lost may race the main one
+        with open(paths.failure_file, "x") as f:
+            f.write(text[:LIMIT])
+    except FileExistsError:
         return
-    with open(paths.failure_file, "w") as f:
-        f.write(text[:LIMIT])

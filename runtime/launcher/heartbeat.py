@@ -239,22 +239,23 @@ class Heartbeat:
 
     # -- the agent's loop ----------------------------------------------------------------
     def _run(self) -> None:
-        next_send = time.monotonic()
+        next_send = tick = time.monotonic()
+        step = self.settings.interval / 4  # the longest wait between two turns
         while not self._stop.is_set():
             now = time.monotonic()
+            self._excuse_own_stall(now - tick - step)  # however long this loop was held up
+            tick = now
             if now >= next_send:
                 self._send_all(done=False)
                 next_send = now + self.settings.interval
-            wake = min(next_send, now + self.settings.interval / 4)
-            ready, _, _ = select.select([self._sock], [], [], max(0.0, wake - now))
-            woke = time.monotonic()
-            self._excuse_own_stall(woke - wake)
-            if ready:
-                self._receive(woke)
+            wait = max(0.0, min(next_send, now + step) - now)
+            ready, _, _ = select.select([self._sock], [], [], wait)
+            if ready:  # what came while this host was held up counts as heard now
+                self._receive(time.monotonic())
             self._judge(time.monotonic())
 
     def _excuse_own_stall(self, late: float) -> None:
-        """Woken ``late`` seconds after its deadline: if that is long, this host was stopped
+        """A turn ``late`` seconds after it was due: if that is long, this host was stopped
         or starved, not its peers: their deadlines move by as much."""
         if late <= STALL:
             return
@@ -333,8 +334,9 @@ class Heartbeat:
                 continue
             self.lost = reason(self.me, peer, cause)
             log.error("%s", self.lost)
-            if self.on_lost is not None:
-                self.on_lost(peer.host, self.lost)
+            callback = self.on_lost  # the main thread may disarm it meanwhile
+            if callback is not None:
+                callback(peer.host, self.lost)
             return
 
 

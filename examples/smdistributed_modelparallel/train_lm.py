@@ -3,7 +3,9 @@ API): pipeline parallel over the model's blocks, data parallel over the pipeline
 ``tensor_parallel_degree`` > 1, tensor parallel: the model is created inside
 ``smp.tensor_parallelism()``, so its MLPs' linear layers become ``smp.nn.DistributedLinear``
 and its position embedding ``smp.nn.DistributedEmbedding`` (the tied token embedding and
-output layer share a weight, so SMP leaves them whole).
+output layer share a weight, so SMP leaves them whole). With
+``sharded_data_parallel_degree`` > 1 each sharding group holds one copy of the parameters,
+gradients and optimizer state, split among its ranks; the checkpoint is a file per shard.
 
 The script is written as for SageMaker (``import smdistributed.modelparallel.torch as smp``);
 on Shoal it runs unchanged, locally or on SageMaker. The tokens are generated: each sequence
@@ -90,6 +92,12 @@ def main():
         model = TinyGPT(args.vocab, args.width, 4, args.layers, args.length)
     model = smp.DistributedModel(model)
     optimizer = smp.DistributedOptimizer(torch.optim.AdamW(model.parameters(), lr=args.lr))
+    sharded = smp.state.cfg.sharded_data_parallel_degree
+    if smp.rank() == 0 and sharded > 1:
+        held = sum(p.ds_tensor.numel() for p in model.parameters())
+        whole = sum(p.ds_numel for p in model.parameters())
+        print(f"sharded data parallel: degree {sharded}, this rank holds {held} of {whole} "
+              "parameter elements", flush=True)
     if smp.rank() == 0 and smp.tp_size() > 1:
         kinds = sorted({type(m).__name__ for m in model.distributed_modules()})
         print(f"tensor parallel: {len(model.distributed_modules())} modules distributed "
@@ -118,13 +126,16 @@ def main():
     if smp.rank() == 0:
         os.makedirs(args.model_dir, exist_ok=True)
         smp.save(full, os.path.join(args.model_dir, "model_full.pt"), partial=False)
-    if smp.rdp_rank() == 0:  # one copy of each partition: {pp_rank}_{tp_rank}
+    if sharded > 1:  # a file per shard: final_partial/model_{shard}.pt, optimizer_{shard}.pt
+        smp.save_checkpoint(args.model_dir, "final", partial=True, model=model,
+                            optimizer=optimizer)
+    elif smp.rdp_rank() == 0:  # one copy of each partition: {pp_rank}_{tp_rank}
         os.makedirs(args.model_dir, exist_ok=True)
         smp.save(model.local_state_dict(), os.path.join(args.model_dir, "model.pt"), partial=True)
-        if smp.pp_rank() == 0 and smp.tp_rank() == 0:
-            with open(os.path.join(args.model_dir, "metrics.json"), "w") as f:
-                json.dump({"loss": final, "pp": smp.pp_size(), "tp": smp.tp_size(),
-                           "dp": smp.dp_size()}, f)
+    if smp.rank() == 0:
+        with open(os.path.join(args.model_dir, "metrics.json"), "w") as f:
+            json.dump({"loss": final, "pp": smp.pp_size(), "tp": smp.tp_size(),
+                       "dp": smp.dp_size(), "sdp": sharded}, f)
     smp.barrier()
 
 

@@ -129,6 +129,33 @@ def test_model_parallel_example_tensor_2_by_pipeline_2_job_file(tmp_path, monkey
 
 
 @pytest.mark.torch
+def test_model_parallel_example_sharded_data_parallel_job_file(tmp_path, monkeypatch):
+    """The example's sharded-data-parallel job file through ``shoal run``: sharding groups of
+    2 on 2 hosts x 2 processes; each rank holds about half of the parameters, the loss falls
+    well below guessing's and the archive holds the whole model and a file per shard."""
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path / "jobs"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SHOAL_CONFIG", raising=False)
+    job = EXAMPLES / "smdistributed_modelparallel" / "job_sharded_data_parallel.yaml"
+    shoal_cli = Path(sys.executable).with_name("shoal")
+    done = subprocess.run([str(shoal_cli), "run", str(job), "--job-name", "example-sdp",
+                           "--output-path", (tmp_path / "out").as_uri()],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = (tmp_path / "jobs" / "example-sdp" / "logs.txt").read_text()
+    held, whole = map(int, log.split("sharded data parallel: degree 2, this rank holds ")[1]
+                      .split(" parameter elements")[0].split(" of "))
+    assert whole > 0 and held <= 0.55 * whole, (held, whole)
+    with tarfile.open(tmp_path / "out" / "example-sdp" / "output" / "model.tar.gz") as tar:
+        names = set(tar.getnames())
+        metrics = json.load(tar.extractfile("metrics.json"))
+    assert {"model_full.pt", "final_partial/model_0.pt", "final_partial/model_1.pt",
+            "final_partial/optimizer_0.pt", "final_partial/optimizer_1.pt"} <= names, names
+    assert (metrics["sdp"], metrics["dp"]) == (2, 4), metrics
+    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+
+
+@pytest.mark.torch
 def test_an_smp_script_in_the_style_of_the_mnist_example_runs_on_2_hosts(digits, tmp_path,
                                                                           monkeypatch):
     """SageMaker's MNIST model-parallel example's structure, CUDA lines aside, through the

@@ -341,14 +341,15 @@ class Heartbeat:
 
 
     def settle(self) -> str | None:
-        """The verdict on a peer already in doubt (refused, unreachable or silent for a few
-        beats), waited for: a job that failed because a host went away is ended by mpirun
-        within a second, before the verdict; the verdict is its root cause."""
-        now = time.monotonic()
-        doubtful = [p for p in self.peers.values() if not p.done and p.expected and (
-            p.error or now - p.heard > 2 * self.settings.interval)]
-        deadline = now + REFUSED_FOR + 2 * self.settings.interval
-        while doubtful and self.lost is None and time.monotonic() < deadline:
+        """For a job that just failed: the verdict on a host that went away, if one did. mpirun
+        ends a job whose host was killed within a second, before the verdict, which is then
+        its root cause. Waits until every peer answered again (alive: None) or a verdict came,
+        at most until a killed launcher's refusals would have been counted."""
+        since = time.monotonic()
+        deadline = since + REFUSED_FOR + 3 * self.settings.interval
+        while self.lost is None and time.monotonic() < deadline:
+            if all(p.done or not p.expected or p.heard >= since for p in self.peers.values()):
+                return None
             time.sleep(0.05)
         return self.lost
 

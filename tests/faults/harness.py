@@ -157,6 +157,7 @@ def finish(job: Job, budget: float) -> dict:
     except Exception:  # JobFailedError / JobStoppedError: the description says which
         pass
     ended = time.monotonic()
+    print(f"{job.name}: the job ended {ended - job.fault_at:.1f} s after the fault", flush=True)
     description = job.backend_job.describe()
     assert ended - job.fault_at <= budget, (ended - job.fault_at, description.get("FailureReason"))
     assert_nothing_left(job)

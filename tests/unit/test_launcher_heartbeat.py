@@ -3,6 +3,7 @@ notice a peer that went silent or whose launcher is gone, and excuse their own s
 
 import errno
 import json
+import re
 import socket
 import time
 
@@ -12,7 +13,7 @@ from shoal.launcher import heartbeat
 from shoal.launcher.heartbeat import Heartbeat, Peer, Settings, host_ranks, verdict
 from shoal.launcher.ports import free_port
 
-FAST = Settings(interval=0.05, timeout=0.5)
+FAST = Settings(interval=0.1, timeout=1.0)  # short, with room for a loaded machine
 
 
 def test_settings_from_the_environment():
@@ -77,11 +78,11 @@ def test_live_hosts_are_never_lost_and_done_ones_are_not_watched():
     made, _ = agents(["algo-1", "algo-2", "algo-3"])
     for a in made.values():
         a.start()
-    time.sleep(1.5)  # three time-outs
+    time.sleep(3.0)  # three time-outs
     assert [a.lost for a in made.values()] == [None, None, None]
     assert all(p.expected and p.seq > 10 for a in made.values() for p in a.peers.values())
     made["algo-3"].stop()  # its part ended: says so
-    time.sleep(1.0)
+    time.sleep(2.0)
     assert made["algo-1"].peers["algo-3"].done and made["algo-1"].lost is None
     for a in made.values():
         a.stop()
@@ -96,11 +97,11 @@ def test_a_silent_host_is_lost_after_the_timeout():
     start = time.monotonic()
     while master.lost is None and time.monotonic() - start < 5:
         time.sleep(0.02)
-    assert 0.5 <= time.monotonic() - start < 1.5
+    assert 1.0 <= time.monotonic() - start < 4  # (a loaded machine may judge late)
     assert master.found == [master.lost]
-    assert master.lost.startswith("HostLostError: host algo-2 (ranks 2-3) stopped answering: "
-                                  "no heartbeat for 0.5 s; no heartbeat ever received; "
-                                  "detected by algo-1 at "), master.lost
+    assert re.match(r"HostLostError: host algo-2 \(ranks 2-3\) stopped answering: no heartbeat "
+                    r"for \d\.\d s; no heartbeat ever received; detected by algo-1 at "
+                    r"\d\d:\d\d:\d\dZ\.$", master.lost), master.lost
     master.stop()
     frozen.close()
 
@@ -116,7 +117,7 @@ def test_a_host_whose_launcher_is_gone_is_refused(monkeypatch):
     start = time.monotonic()
     while master.lost is None and time.monotonic() - start < 5:
         time.sleep(0.02)
-    assert time.monotonic() - start < 1.0  # long before the 30 s of silence
+    assert time.monotonic() - start < 5  # long before the 30 s of silence
     assert "host algo-2 (ranks 2-3) stopped answering: connection refused" in master.lost
     assert "last heartbeat at " in master.lost
     master.stop()
@@ -125,12 +126,12 @@ def test_a_host_whose_launcher_is_gone_is_refused(monkeypatch):
 def test_a_worker_counts_silence_only_once_it_heard_the_master():
     made, _ = agents(["algo-1", "algo-2", "algo-3"])
     worker = made["algo-2"].start()  # the master and algo-3 not started yet
-    time.sleep(1.0)
+    time.sleep(2.0)
     assert worker.lost is None
     made["algo-1"].start()
-    time.sleep(0.2)
+    time.sleep(0.5)
     assert worker.peers["algo-3"].expected  # every agent runs once the master's does
-    time.sleep(1.0)
+    time.sleep(2.0)
     assert "host algo-3" in worker.lost
     worker.stop()
     made["algo-1"].stop()
@@ -141,10 +142,10 @@ def test_another_jobs_heartbeats_are_ignored():
     master = made["algo-1"].start()
     other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     other.bind(tuple(table["algo-2"]))
-    for seq in range(30):
+    for seq in range(40):
         beat = {"job": "another-job", "host": "algo-2", "seq": seq}
         other.sendto(json.dumps(beat).encode(), tuple(table["algo-1"]))
-        time.sleep(0.04)
+        time.sleep(0.05)
     assert "host algo-2" in (master.lost or "")
     master.stop()
     other.close()
@@ -160,3 +161,21 @@ def test_a_late_watcher_blames_itself():
     assert master.peers["algo-2"].heard == before + 20.0 and master.max_stall == 20.0
     assert verdict(master.peers["algo-2"], time.monotonic() + 20.0, master.settings) is None
     master.stop()
+
+
+def test_settle_waits_for_the_verdict_on_a_host_that_went_away(monkeypatch):
+    monkeypatch.setattr(heartbeat, "REFUSED_FOR", 0.2)
+    made, _ = agents(["algo-1", "algo-2", "algo-3"], settings=Settings(interval=0.05, timeout=30))
+    for a in made.values():
+        a.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    assert made["algo-1"].settle() is None  # everyone answers again: a job's own failure
+    assert time.monotonic() - start < 2
+    gone = made["algo-3"]
+    gone._stop.set()  # its launcher killed: no word, its port closed
+    gone._thread.join()
+    gone._sock.close()
+    assert "host algo-3 (ranks 4-5) stopped answering: connection refused" in made["algo-1"].settle()
+    for h in ("algo-1", "algo-2"):
+        made[h].stop()

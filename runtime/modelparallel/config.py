@@ -60,6 +60,7 @@ _REQUIRES: tuple[tuple[str, str, Any], ...] = (
     ("sharded_data_parallel_degree", "pipeline_parallel_degree", 1),
     ("sharded_data_parallel_degree", "shard_optimizer_state", False),
     ("sharded_data_parallel_degree", "ddp", True),
+    ("shard_optimizer_state", "ddp", True),
     ("ddp_port", "ddp", True),
     ("ddp_dist_backend", "ddp", True),
     ("prescaled_batch", "optimize", "speed"),

@@ -61,6 +61,19 @@ def build_model(seed, smp=None, width=WIDTH):
     return Net()
 
 
+def check_refusals(smp, model):
+    """SMP's refusals around sharded data parallelism."""
+    from shoal.modelparallel.errors import SMPCheckpointError
+
+    try:
+        model.load_state_dict({"_smp_is_partial": True})
+    except SMPCheckpointError as exc:
+        assert str(exc) == ("Error: trying to load a non-sharded checkpoint into sharded data "
+                            "parallelism model!"), exc
+    else:
+        raise AssertionError("a partial state without _smp_zero2d was loaded")
+
+
 def shard_bytes(model, optimizer):
     """This rank's parameter + gradient + optimizer-state bytes, each storage once."""
     import torch
@@ -110,7 +123,9 @@ def worker() -> None:
     with smp.model_creation():  # delayed_parameter_initialization: on meta until wrapped
         net = build_model(1, smp, width)
     reference = build_model(1, None, width)
-    model = smp.DistributedModel(net)
+    passes = case.get("accumulate", 1)
+    model = smp.DistributedModel(net, backward_passes_per_step=passes)
+    check_refusals(smp, model)
     if case.get("delayed"):
         assert not any(p.is_meta for p in net.parameters())
         assert all(p.numel() == 0 for p in net.parameters() if not p.ds_persist)
@@ -125,7 +140,10 @@ def worker() -> None:
         dynamic_loss_args={"init_scale": 2.0**24 if precision == "fp16" else 1.0})
     ref_optimizer = make_optimizer(reference.parameters())
     assert len(optimizer.fp32_partitioned_groups_flat[0]) == offsets[0]
-    dp, dp_rank = smp.dp_size(), smp.dp_rank()
+    dp = smp.dp_size()
+    # prescaled_batch: a tensor-parallel group shares one batch (SMP: shard by rdp_rank)
+    prescaled = smp.state.cfg.prescaled_batch
+    readers, reader = (smp.rdp_size(), smp.rdp_rank()) if prescaled else (dp, smp.dp_rank())
 
     @smp.step
     def train_step(model, tokens, targets):
@@ -137,7 +155,7 @@ def worker() -> None:
     generator = torch.Generator().manual_seed(7)
 
     def batch():
-        tokens = torch.randint(0, VOCAB, (BATCH * dp, SEQ), generator=generator)
+        tokens = torch.randint(0, VOCAB, (BATCH * readers, SEQ), generator=generator)
         return tokens, torch.roll(tokens, 1, dims=1)
 
     def mean_over_dp(value):
@@ -146,11 +164,27 @@ def worker() -> None:
         return float(t) / dp
 
     def distributed_step(tokens, targets):
-        mine = slice(dp_rank * BATCH, (dp_rank + 1) * BATCH)
+        """One optimizer step; with gradient accumulation, pass j takes row j of each
+        rank's rows (the gradients add up over the passes)."""
+        mine = slice(reader * BATCH, (reader + 1) * BATCH)
         optimizer.zero_grad(set_to_none=True)
-        loss = train_step(model, tokens[mine], targets[mine]).reduce_mean().item()
+        losses = []
+        for j in range(passes):
+            rows = slice(j, BATCH, passes)
+            losses.append(train_step(model, tokens[mine][rows],
+                                     targets[mine][rows]).reduce_mean().item())
         optimizer.step()
-        return mean_over_dp(loss)
+        return mean_over_dp(sum(losses) / passes)
+
+    def reference_loss(tokens, targets):
+        """The same on the global batch, in one process (the gradients of the passes add)."""
+        losses = []
+        for j in range(passes):
+            rows = [r * BATCH + i for r in range(readers) for i in range(j, BATCH, passes)]
+            logits = reference(tokens[rows])
+            losses.append(F.cross_entropy(logits.reshape(-1, VOCAB), targets[rows].reshape(-1)))
+        sum(losses).backward()
+        return sum(loss.item() for loss in losses) / passes
 
     overflows = 0
     if precision == "fp16":
@@ -166,7 +200,7 @@ def worker() -> None:
             assert all(a.equal(p.ds_tensor) for a, p in zip(chunks, model.parameters()))
         assert overflows >= 1 and not optimizer.overflow, overflows
         ref_optimizer.zero_grad()
-        F.cross_entropy(reference(tokens).reshape(-1, VOCAB), targets.reshape(-1)).backward()
+        reference_loss(tokens, targets)
         torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
         ref_optimizer.step()
     tolerance = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}[precision]
@@ -178,14 +212,13 @@ def worker() -> None:
         loss = distributed_step(tokens, targets)
         losses.append(loss)
         ref_optimizer.zero_grad()
-        ref_loss = F.cross_entropy(reference(tokens).reshape(-1, VOCAB), targets.reshape(-1))
-        ref_loss.backward()
+        ref_loss = reference_loss(tokens, targets)
         torch.nn.utils.clip_grad_norm_(reference.parameters(), CLIP)
-        rel = abs(loss - ref_loss.item()) / abs(ref_loss.item())
+        rel = abs(loss - ref_loss) / abs(ref_loss)
         worst = max(worst, rel)
         if os.environ.get("SDP_TRACE"):
             print(f"step {step} rel {rel:.3e}", flush=True)
-        assert rel <= tolerance, (step, loss, ref_loss.item(), rel)
+        assert rel <= tolerance, (step, loss, ref_loss, rel)
         if optimizer.overflow:  # the dynamic scale still too high: skipped, halved
             assert precision == "fp16"
             overflows += 1
@@ -231,6 +264,9 @@ CASES = {
                                       "delayed_parameter_initialization": True}, "fp32"),
     "tp2-sdp2": (4, {**SDP, "sharded_data_parallel_degree": 2, "tensor_parallel_degree": 2},
                  "fp32"),
+    "sdp2-replicas2-accumulate2": (4, {**SDP, "sharded_data_parallel_degree": 2}, "fp32"),
+    "tp2-sdp2-prescaled": (4, {**SDP, "sharded_data_parallel_degree": 2,
+                               "tensor_parallel_degree": 2, "prescaled_batch": True}, "fp32"),
     "sdp2-bf16": (2, {**SDP, "sharded_data_parallel_degree": 2}, "bf16"),
     "sdp2-fp16": (2, {**SDP, "sharded_data_parallel_degree": 2}, "fp16"),
 }
@@ -243,7 +279,7 @@ def test_sharded_data_parallel_matches_one_process(name):
         measure = name == "sdp4-microbatches"  # a wider model: padding is what it is
         case = {"config": config, "precision": precision, "folder": folder,
                 "measure": measure, "width": 64 if measure else WIDTH, "prefetch": measure,
-                "delayed": "delayed" in name}
+                "delayed": "delayed" in name, "accumulate": 2 if "accumulate" in name else 1}
         proc = run_mpi(ranks, {"MP_CASE": json.dumps(case)}, script=HERE, timeout=300)
     print(proc.stdout)
 

@@ -328,8 +328,9 @@ REFUSALS = {
 @pytest.mark.parametrize("name", list(REFUSALS))
 def test_refusals_name_what_is_wrong(name):
     config, body, expected = REFUSALS[name]
+    body = f"smp.init({config!r})\n{textwrap.dedent(body).strip()}"  # ddp: refused at init
     script = (f"import torch, torch.nn as nn\nimport smdistributed.modelparallel.torch as smp\n"
-              f"smp.init({config!r})\ntry:\n{textwrap.indent(textwrap.dedent(body).strip(), '    ')}"
+              f"try:\n{textwrap.indent(body, '    ')}"
               f"\nexcept Exception as exc:\n    print(f'{{type(exc).__name__}}: {{exc}}')\n")
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "SM_HP_"))}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -299,6 +299,7 @@ class _Prefetcher:
         self.pending: dict[int, threading.Event] = {}  # parameter -> gathered
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.error: BaseException | None = None  # a failed gather, raised where waited for
 
     def plan(self, modules: list[torch.nn.Module]) -> None:
         if self.owner.parts == 1 or self.owner.max_live <= 0:
@@ -346,8 +347,12 @@ class _Prefetcher:
             if batch is None:
                 return
             try:
-                self.owner.gathers["prefetched"] += len(batch)
-                self.owner._install(batch, self.owner._fetch(batch, self.owner.groups.prefetch))
+                if self.error is None:
+                    self.owner.gathers["prefetched"] += len(batch)
+                    self.owner._install(batch,
+                                        self.owner._fetch(batch, self.owner.groups.prefetch))
+            except BaseException as exc:  # noqa: BLE001 - the compute thread raises it
+                self.error = exc
             finally:
                 with self.lock:
                     for p in batch:
@@ -357,11 +362,15 @@ class _Prefetcher:
     def wait_for(self, params) -> None:
         with self.lock:
             events = {id(e): e for p in params if (e := self.pending.get(id(p)))}
-        for event in events.values():
-            event.wait()
+        self._wait(events.values())
 
     def drain(self) -> None:
         with self.lock:
             events = {id(e): e for e in self.pending.values()}
-        for event in events.values():
+        self._wait(events.values())
+
+    def _wait(self, events) -> None:
+        for event in events:
             event.wait()
+        if self.error is not None:
+            raise self.error

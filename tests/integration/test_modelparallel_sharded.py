@@ -253,18 +253,16 @@ def worker() -> None:
 
 
 SDP = {"ddp": True, "sdp_param_persistence_threshold": 40, "sdp_gradient_clipping": CLIP}
-CASES = {
-    "sdp2": (2, {**SDP, "sharded_data_parallel_degree": 2}, "fp32"),
+CASES = {  # SDP 2 and 4, replicas, TP, 16 bits; each case also resumes a checkpoint
+    "sdp2-delayed-checkpointed": (2, {**SDP, "sharded_data_parallel_degree": 2,
+                                      "delayed_parameter_initialization": True}, "fp32"),
     "sdp4-microbatches": (4, {**SDP, "sharded_data_parallel_degree": 4, "microbatches": 2,
                               "sdp_max_live_parameters": 20000, "sdp_reduce_bucket_size": 9000},
                           "fp32"),
-    "sdp2-replicas2-ring": (4, {**SDP, "sharded_data_parallel_degree": 2,
-                                "sdp_hierarchical_allgather": False}, "fp32"),
-    "sdp2-delayed-checkpointed": (2, {**SDP, "sharded_data_parallel_degree": 2,
-                                      "delayed_parameter_initialization": True}, "fp32"),
+    "sdp2-replicas2-ring-accumulate2": (4, {**SDP, "sharded_data_parallel_degree": 2,
+                                            "sdp_hierarchical_allgather": False}, "fp32"),
     "tp2-sdp2": (4, {**SDP, "sharded_data_parallel_degree": 2, "tensor_parallel_degree": 2},
                  "fp32"),
-    "sdp2-replicas2-accumulate2": (4, {**SDP, "sharded_data_parallel_degree": 2}, "fp32"),
     "tp2-sdp2-prescaled": (4, {**SDP, "sharded_data_parallel_degree": 2,
                                "tensor_parallel_degree": 2, "prescaled_batch": True}, "fp32"),
     "sdp2-bf16": (2, {**SDP, "sharded_data_parallel_degree": 2}, "bf16"),

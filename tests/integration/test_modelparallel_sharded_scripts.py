@@ -172,7 +172,6 @@ def check_flat_partitions(smp, torch, dist, model, optimizer, offsets, reference
 
 CASES = {
     "hf-modules-bf16": {"precision": "bf16", "use_distributed_transformer": 0},
-    "hf-modules-fp32": {"precision": "fp32", "use_distributed_transformer": 0},
     "distributed-transformer-fp32": {"precision": "fp32", "use_distributed_transformer": 1},
 }
 

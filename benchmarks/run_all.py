@@ -8,7 +8,7 @@ SHOAL_HOST, so its inter-host path runs over TCP); --rounds applies to the three
 --sizes to allreduce.py. framework_step.py (FSDP, 1F1B) and ddp_step.py under
 mpirun with 2 ranks; exchange_floor.py compiles and runs its C++ program;
 local_startup.py starts its own local job; profiler_overhead.py and serve_load.py start
-their own processes.
+their own processes; sharded_data_parallel.py starts its own 4-rank mpirun job.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def configurations(extra: list[str]) -> list[tuple[str, list[str]]]:
     runs.append(("profiler overhead", [sys.executable, str(HERE / "profiler_overhead.py"),
                                        "--rounds", "9"]))
     runs.append(("shoal serve under load", [sys.executable, str(HERE / "serve_load.py")]))
+    runs.append(("sharded data parallel 4 against FSDP2, 4 ranks",
+                 [sys.executable, str(HERE / "sharded_data_parallel.py")]))
     return runs
 
 

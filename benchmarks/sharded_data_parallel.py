@@ -3,7 +3,8 @@ ZeRO-3 within a sharding group) against torch's FSDP2 (``fully_shard``) on gloo 
 Shoal's torch backend, for the same GPT-like transformer trained with AdamW.
 
     .venv/bin/python benchmarks/sharded_data_parallel.py [--hidden 256] [--layers 4] [--seq 128]
-        [--batch 2] [--steps 5] [--repeats 5] [--rounds 1] [--quick]
+        [--batch 2] [--reduce-bucket N] [--max-live N] [--steps 5] [--repeats 5] [--rounds 1]
+        [--quick]
 
 The model: token and position embeddings, ``--layers`` pre-LayerNorm blocks (causal
 self-attention through one fused QKV projection and an output projection, then an MLP of
@@ -22,10 +23,17 @@ that drifting machine load falls on all of them):
   ``@smp.step`` with ``model.backward(loss)``. The threshold is DeepSpeed's ``auto`` for a
   model of this width (10 x hidden): LayerNorms and biases stay whole on every rank, every
   matrix is sharded. The other ``sdp_*`` keys keep SMP's defaults, as the library's example
-  scripts do. SMP clips inside ``optimizer.step()``;
+  scripts do (``--reduce-bucket`` and ``--max-live`` set ``sdp_reduce_bucket_size`` and
+  ``sdp_max_live_parameters``); for a model of 4 M parameters the defaults (5e8 and 1e9
+  elements) mean one reduce-scatter of every gradient after the backward and, in the
+  forward and again in the backward, one prefetch of all the parameters after the first
+  module's. SMP clips inside
+  ``optimizer.step()``;
 - **FSDP2 on gloo**: ``fully_shard`` on every block and then on the root, on a 1-D
-  ``DeviceMesh`` over a gloo group of the 4 ranks; ``torch.optim.AdamW`` on the DTensor
-  parameters, ``torch.nn.utils.clip_grad_norm_`` before its step;
+  ``DeviceMesh`` over a gloo group of the 4 ranks; ``torch.optim.AdamW(foreach=True)`` on
+  the DTensor parameters (the multi-tensor implementation torch uses by default on GPUs;
+  on CPU tensors it defaults to a per-parameter loop, slower under DTensor's dispatch),
+  ``torch.nn.utils.clip_grad_norm_`` before its step;
 - **FSDP2 on shoal**: the same on the default group, which smp started on Shoal's
   torch.distributed backend (``backend="shoal"``).
 
@@ -155,10 +163,10 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def adamw(params):
+def adamw(params, foreach=None):
     import torch
 
-    return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, foreach=foreach)
 
 
 def reference_losses(args, steps):
@@ -224,6 +232,16 @@ def persistence_threshold(args) -> int:
     return 10 * args.hidden
 
 
+def sdp_sizes(args) -> dict:
+    """The sdp_* sizes given on the command line (SMP's defaults otherwise)."""
+    sizes = {}
+    if args.reduce_bucket:
+        sizes["sdp_reduce_bucket_size"] = args.reduce_bucket
+    if args.max_live:
+        sizes["sdp_max_live_parameters"] = args.max_live
+    return sizes
+
+
 # -- the ranks ----------------------------------------------------------------------------
 
 
@@ -238,7 +256,11 @@ def fsdp2_step(args, group, rank):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = adamw(model.parameters())
+    # foreach: one multi-tensor kernel per update term over all the DTensor shards, the
+    # implementation torch picks by default on GPUs. On CPU tensors its default is a loop
+    # over the parameters, each DTensor op dispatched on its own, which made FSDP2's
+    # optimizer step several times slower here.
+    optimizer = adamw(model.parameters(), foreach=True)
     tokens, targets = batch(1 + rank, args)
 
     def step():
@@ -285,7 +307,7 @@ def worker(args) -> None:
     # ddp: smp starts torch.distributed on Shoal's backend (the default group) itself.
     smp.init({"ddp": True, "sharded_data_parallel_degree": SDP,
               "sdp_param_persistence_threshold": persistence_threshold(args),
-              "sdp_gradient_clipping": args.clip})
+              "sdp_gradient_clipping": args.clip, **sdp_sizes(args)})
     rank = dist.get_rank()
     gloo = dist.new_group(list(range(dist.get_world_size())), backend="gloo")
     sides = {"sdp": sdp_step(args, smp, rank),
@@ -351,6 +373,7 @@ def forwarded(args) -> list[str]:
     return ["--hidden", str(args.hidden), "--head-size", str(args.head_size),
             "--layers", str(args.layers), "--vocab", str(args.vocab), "--batch", str(args.batch),
             "--seq", str(args.seq), "--clip", str(args.clip), "--steps", str(args.steps),
+            "--reduce-bucket", str(args.reduce_bucket), "--max-live", str(args.max_live),
             "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
 
 
@@ -383,6 +406,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--clip", type=float, default=1.0,
                         help="gradient norm clipping on every side (SMP's default 1.0; 0: off)")
+    parser.add_argument("--reduce-bucket", type=int, default=0,
+                        help="sdp_reduce_bucket_size (0: SMP's default, 5e8 elements)")
+    parser.add_argument("--max-live", type=int, default=0,
+                        help="sdp_max_live_parameters (0: SMP's default, 1e9 elements)")
     parser.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5,
@@ -430,8 +457,11 @@ def main(argv=None) -> None:
 
     median = {side: statistics.median(values) for side, values in rates.items()}
 
-    def paired(a, b):  # each repeat's ratio, the sides timed back to back; their median
-        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+    def ratios(a, b):  # each repeat's ratio, the sides timed back to back
+        return [x / y for x, y in zip(rates[a], rates[b])]
+
+    def paired(a, b):
+        return statistics.median(ratios(a, b))
 
     vs_gloo, vs_shoal = paired("sdp", "fsdp2-gloo"), paired("sdp", "fsdp2-shoal")
     backends = paired("fsdp2-shoal", "fsdp2-gloo")
@@ -449,6 +479,10 @@ def main(argv=None) -> None:
     print(f"one process, whole model, 1 thread, one rank's batch of {args.batch}: {alone:.1f} "
           f"samples/s (4 ranks on {os.cpu_count()} cores with free communication: about "
           f"{min(RANKS, os.cpu_count() or 1) * alone:.1f})")
+    for a, b in (("sdp", "fsdp2-gloo"), ("sdp", "fsdp2-shoal")):
+        spread = ratios(a, b)
+        print(f"{a} / {b} over the {len(spread)} repeats: {min(spread):.2f} to "
+              f"{max(spread):.2f}")
     for side in SIDES:
         print(f"loss check {side}: largest relative difference {worst[side]:.1e}")
     if failures:

@@ -320,17 +320,21 @@ def worker(args) -> None:
             step()
     samples = RANKS * args.batch
     rates: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(args.repeats):
         # The order rotates every repeat, so that drifting load falls on every side.
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
             step = sides[name]
             dist.barrier()
-            start = time.perf_counter()
+            start, clock = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 step()
+            # This process's CPU time (all its threads) per step: what the side costs the
+            # machine, less sensitive than the wall clock to other work sharing the cores.
+            cpu[name].append((time.process_time() - clock) / args.steps)
             dist.barrier()
             rates[name].append(samples * args.steps / (time.perf_counter() - start))
-    report = {"rank": rank, "losses": losses, "rates": rates}
+    report = {"rank": rank, "losses": losses, "rates": rates, "cpu": cpu}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as handle:
         json.dump(report, handle)
     dist.barrier()
@@ -443,6 +447,7 @@ def main(argv=None) -> None:
           flush=True)
     expected = reference_losses(args, CHECKED_STEPS)
     rates: dict[str, list[float]] = {side: [] for side in SIDES}
+    cpu: dict[str, list[float]] = {side: [] for side in SIDES}
     worst = {side: 0.0 for side in SIDES}
     failures = []
     for _ in range(args.rounds):
@@ -453,6 +458,9 @@ def main(argv=None) -> None:
             if not diff < TOLERANCE:
                 failures.append(f"{side}: {what} (relative {diff:.2e})")
             rates[side].extend(reports[0]["rates"][side])
+            cpu[side].append(statistics.median(
+                statistics.mean(r["cpu"][side][i] for r in reports)
+                for i in range(args.repeats)))
     alone = one_process_rate(args)
 
     median = {side: statistics.median(values) for side, values in rates.items()}
@@ -479,6 +487,12 @@ def main(argv=None) -> None:
     print(f"one process, whole model, 1 thread, one rank's batch of {args.batch}: {alone:.1f} "
           f"samples/s (4 ranks on {os.cpu_count()} cores with free communication: about "
           f"{min(RANKS, os.cpu_count() or 1) * alone:.1f})")
+    busy = {side: statistics.median(values) * 1000 for side, values in cpu.items()}
+    print(f"CPU time per step and rank (all threads; median over the repeats of the ranks' "
+          f"mean): SDP {busy['sdp']:.1f} ms, FSDP2-gloo {busy['fsdp2-gloo']:.1f} ms, "
+          f"FSDP2-shoal {busy['fsdp2-shoal']:.1f} ms (FSDP2-gloo / SDP "
+          f"{busy['fsdp2-gloo'] / busy['sdp']:.2f}, FSDP2-shoal / SDP "
+          f"{busy['fsdp2-shoal'] / busy['sdp']:.2f})")
     for a, b in (("sdp", "fsdp2-gloo"), ("sdp", "fsdp2-shoal")):
         spread = ratios(a, b)
         print(f"{a} / {b} over the {len(spread)} repeats: {min(spread):.2f} to "

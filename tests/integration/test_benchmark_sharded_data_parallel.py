@@ -31,6 +31,8 @@ def test_quick_run_prints_the_row_and_equal_results():
     assert re.search(row, out), f"no table row:\n{out}"
     for side in ("sdp", "fsdp2-gloo", "fsdp2-shoal"):
         assert re.search(rf"loss check {side}: largest relative difference ", out), out
+    assert re.search(r"CPU time per step and rank .*: SDP [0-9.]+ ms, FSDP2-gloo [0-9.]+ ms, "
+                     r"FSDP2-shoal [0-9.]+ ms", out), out
     assert "results equal: ok" in out, out
     assert "FAILED" not in out, out
     assert re.search(r"goal: SDP 4 >= 1\.5x FSDP2-gloo: [0-9.]+x, (met|missed)", out), out

@@ -151,11 +151,28 @@ class GradientReducer:
         shards summed over the sharding group, tensor-parallel shards over the TP group,
         the parameters tensor parallelism does not split from tp_rank 0 only."""
         total = np.zeros(1)
-        for p in self.params:
-            if tp_rank == 0 or id(p) in distributed:
-                total[0] += float(self.views[id(p)].double().pow(2).sum())
+        for start, end in self._counted(distributed, tp_rank):
+            total[0] += float(torch.linalg.vector_norm(self.flat[start:end])) ** 2
         if self.parts > 1:
             core.allreduce(total, group=self.groups.control)
         if self.tp_group is not SOLO:
             core.allreduce(total, group=self.tp_group)
         return math.sqrt(float(total[0]))
+
+    def _counted(self, distributed: frozenset[int], tp_rank: int) -> list[tuple[int, int]]:
+        """The ranges of the flat buffer this rank counts in the norm (one without tensor
+        parallelism), merged where they touch."""
+        key = (id(self.flat), tp_rank)
+        if getattr(self, "_ranges_key", None) != key:
+            ranges: list[tuple[int, int]] = []
+            at = 0
+            for p in self.params:
+                size = self.views[id(p)].numel()
+                if tp_rank == 0 or id(p) in distributed:
+                    if ranges and ranges[-1][1] == at:
+                        ranges[-1] = (ranges[-1][0], at + size)
+                    else:
+                        ranges.append((at, at + size))
+                at += size
+            self._ranges, self._ranges_key = ranges, key
+        return self._ranges

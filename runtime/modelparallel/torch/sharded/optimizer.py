@@ -17,11 +17,10 @@ data parallelism) and returns the norm.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import numpy as np
 import torch
-from shoal.dataparallel import core
 from shoal.modelparallel.errors import SMPUsageError
 from shoal.modelparallel.torch.loss_scaler import LossScaler, make_scaler
 
@@ -106,20 +105,17 @@ class ShardedOptimizer:
         for flat in self.fp32_partitioned_groups_flat:
             flat.grad = None
 
-    def _unscaled(self) -> bool:
-        """Unscales the gradient shards (fp16); whether any rank's overflowed."""
+    def _unscale(self) -> None:
+        """The step's gradient shards, complete and (fp16) divided by the loss scale."""
         st = self._st
         plain = st.model._outside_step  # a plain loss.backward(): no loss scale in it
         st.model.sync_outside_step()
-        flat = self._reducer.flat
         if st.cfg.fp16 and not plain and self.scaler.loss_scale != 1.0:
-            flat.mul_(1.0 / self.scaler.loss_scale)
-        flag = np.array([0.0 if bool(torch.isfinite(flat).all()) else 1.0])
-        if st.topology.size > 1:
-            core.allreduce(flag, op="max")
-        return bool(flag[0])
+            self._reducer.flat.mul_(1.0 / self.scaler.loss_scale)
 
     def _global_norm(self) -> float:
+        """The same on every rank: shards summed over the sharding and TP groups, and the
+        replicas hold the same averaged shards."""
         return self._reducer.norm(frozenset(self._st.model._layout.distributed),
                                   self._st.topology.tp_rank)
 
@@ -127,19 +123,24 @@ class ShardedOptimizer:
         """SMP: no clipping here under sharded data parallelism (``step()`` clips by
         ``sdp_gradient_clipping``); returns the gradient's global L2 norm."""
         self._st.model.sync_outside_step()
-        return torch.tensor(self._global_norm())
+        norm = self._global_norm()
+        if self._st.cfg.fp16:
+            norm /= self.scaler.loss_scale
+        return torch.tensor(norm)
 
     def step(self, closure=None):
         if closure is not None:
             raise SMPUsageError("smp.DistributedOptimizer.step under sharded data "
                                 "parallelism takes no closure")
-        self.overflow = self._unscaled()
+        self._unscale()
+        norm = self._global_norm() if self._half or self.clipping > 0 else 0.0
+        # 16 bits: an inf or NaN anywhere makes the norm so on every rank; the step is skipped.
+        self.overflow = self._half and not math.isfinite(norm)
         if self.overflow:
             self._reducer.zero()
             self.scaler.update(True)
             return None
         if self.clipping > 0:
-            norm = self._global_norm()
             coefficient = self.clipping / (norm + 1e-6)
             if coefficient < 1:
                 self._reducer.flat.mul_(coefficient)

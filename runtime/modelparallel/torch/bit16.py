@@ -25,10 +25,10 @@ import torch
 from shoal.dataparallel import core
 from shoal.modelparallel.topology import CommGroup
 from shoal.modelparallel.torch import state as _state
-from shoal.modelparallel.torch.loss_scaler import LossScaler, make_scaler
+from shoal.modelparallel.torch.loss_scaler import LossScaler, ScaledOptimizerView, make_scaler
 
 
-class Bit16Optimizer:
+class Bit16Optimizer(ScaledOptimizerView):
     """Wraps the user's optimizer (``.optimizer``, which LR schedulers take)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, st: _state.State,
@@ -58,26 +58,6 @@ class Bit16Optimizer:
         st.model.register_post_partition_hook(lambda _m, _o: self._refresh_masters())
 
     # -- what scripts read -----------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.loss_scale
-
-    @property
-    def cur_scale(self) -> float:
-        return self.scaler.loss_scale
-
     def __repr__(self) -> str:
         return f"Bit16Optimizer({self.optimizer!r}, loss_scale={self.loss_scale})"
 

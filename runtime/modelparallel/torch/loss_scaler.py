@@ -102,3 +102,32 @@ def make_scaler(static_loss_scale: float | None, dynamic_loss_scale: bool,
                             f"{sorted(DYNAMIC_DEFAULTS)})")
         return DynamicLossScaler(**args)
     return LossScaler(1.0 if static_loss_scale is None else static_loss_scale)
+
+
+class ScaledOptimizerView:
+    """What scripts read on an optimizer that wraps theirs (``self.optimizer``) and scales
+    the loss (``self.scaler``): the inner optimizer's groups, state and defaults (LR
+    schedulers set ``param_groups[i]["lr"]``), and the current loss scale."""
+
+    optimizer: Any
+    scaler: LossScaler
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.loss_scale
+
+    @property
+    def cur_scale(self) -> float:
+        return self.scaler.loss_scale

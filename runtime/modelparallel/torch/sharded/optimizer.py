@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from shoal.modelparallel.errors import SMPUsageError
-from shoal.modelparallel.torch.loss_scaler import LossScaler, make_scaler
+from shoal.modelparallel.torch.loss_scaler import LossScaler, ScaledOptimizerView, make_scaler
 
 
-class ShardedOptimizer:
+class ShardedOptimizer(ScaledOptimizerView):
     """Wraps the user's optimizer (``.optimizer``, which LR schedulers take)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, st, static_loss_scale,
@@ -72,26 +72,6 @@ class ShardedOptimizer:
         return flat
 
     # -- what scripts read ---------------------------------------------------------------
-    @property
-    def param_groups(self):
-        return self.optimizer.param_groups
-
-    @property
-    def state(self):
-        return self.optimizer.state
-
-    @property
-    def defaults(self):
-        return self.optimizer.defaults
-
-    @property
-    def loss_scale(self) -> float:
-        return self.scaler.loss_scale
-
-    @property
-    def cur_scale(self) -> float:
-        return self.scaler.loss_scale
-
     @property
     def dynamic_loss_scale(self) -> bool:
         return self.scaler.dynamic

@@ -313,7 +313,9 @@ class _Prefetcher:
 
     def ahead(self, module: torch.nn.Module, backward: bool) -> None:
         """Queues the gathers of the modules after ``module`` (before it, in a backward)
-        while the budget allows."""
+        while the budget allows: the next module alone first, then twice as many modules
+        per gather, so that the compute waits for a small gather only and the rest comes
+        in few collectives."""
         places = self.index.get(id(module))
         if not places:
             return
@@ -321,11 +323,14 @@ class _Prefetcher:
         budget = owner.max_live - owner.live
         step = -1 if backward else 1
         at = places[0] + step
-        batch: list[torch.nn.Parameter] = []
+        batches: list[list[torch.nn.Parameter]] = []
+        size, taken = 1, 0
         with owner._lock:
+            batch: list[torch.nn.Parameter] = []
             while 0 <= at < len(self.order) and budget > 0:
                 for p in self.order[at]:
-                    if id(p) in owner._reserved or any(p is q for q in batch):
+                    if id(p) in owner._reserved or any(p is q for b in (batch, *batches)
+                                                       for q in b):
                         continue
                     if p.ds_numel > budget:
                         budget = 0
@@ -333,8 +338,15 @@ class _Prefetcher:
                     budget -= p.ds_numel
                     batch.append(p)
                 at += step
-            owner.reserve(batch)
-        if batch:
+                taken += 1
+                if taken == size and batch:
+                    batches.append(batch)
+                    batch, size, taken = [], size * 2, 0
+            if batch:
+                batches.append(batch)
+            for batch in batches:
+                owner.reserve(batch)
+        for batch in batches:
             done = threading.Event()
             with self.lock:
                 for p in batch:

@@ -112,17 +112,21 @@ def worker() -> None:
     mine = slice(smp.dp_rank() * BATCH, (smp.dp_rank() + 1) * BATCH)
     tolerance = 1e-5 if precision == "fp32" else 2e-2
     folder = os.environ["SDP_FOLDER"]
-    batches, losses = [], []
-    for step in range(STEPS):
-        ids = torch.randint(2, VOCAB, (2 * BATCH, SEQ), generator=generator)
-        mask = torch.ones_like(ids)
-        batches.append((ids, mask))
+    def distributed_step(ids, mask):
+        """One step of the script; the loss averaged over the data-parallel ranks."""
         optimizer.zero_grad(set_to_none=True)
         loss = train_step(model, ids[mine], mask[mine]).reduce_mean()
         optimizer.step()
         mean = loss.detach().double().reshape(1)
         dist.all_reduce(mean, group=smp.get_dp_process_group())
-        losses.append(float(mean) / smp.dp_size())
+        return float(mean) / smp.dp_size()
+
+    batches, losses = [], []
+    for step in range(STEPS):
+        ids = torch.randint(2, VOCAB, (2 * BATCH, SEQ), generator=generator)
+        mask = torch.ones_like(ids)
+        batches.append((ids, mask))
+        losses.append(distributed_step(ids, mask))
         ref_optimizer.zero_grad()
         ref_loss = reference(input_ids=ids, attention_mask=mask, labels=ids)["loss"]
         ref_loss.backward()
@@ -134,14 +138,7 @@ def worker() -> None:
             smp.save_checkpoint(folder, "step2", partial=True, model=model, optimizer=optimizer,
                                 user_content={"step": step})
     smp.resume_from_checkpoint(folder, tag="step2", partial=True)
-    again = []
-    for ids, mask in batches[3:]:
-        optimizer.zero_grad(set_to_none=True)
-        loss = train_step(model, ids[mine], mask[mine]).reduce_mean()
-        optimizer.step()
-        mean = loss.detach().double().reshape(1)
-        dist.all_reduce(mean, group=smp.get_dp_process_group())
-        again.append(float(mean) / smp.dp_size())
+    again = [distributed_step(ids, mask) for ids, mask in batches[3:]]
     assert again == losses[3:], (again, losses[3:])
     smp.save_checkpoint(folder, "fullmodel.pt", partial=False, model=model)
     saved = torch.load(os.path.join(folder, "fullmodel.pt"), weights_only=False)["model"]

@@ -441,14 +441,7 @@ class DistributedModel(torch.nn.Module):
             return self._load_sharded(state_dict, partial, strict)
         state_dict = {k: v for k, v in state_dict.items() if k != "_smp_is_partial"}
         own = {k: v for k, v in self.local_state_dict().items() if k != "_smp_is_partial"}
-        if not partial and any(k not in state_dict for k in own):
-            # A state dict under the original model's names (a Hugging Face checkpoint):
-            # translated, as SMP does, by the translators of the modules replaced.
-            for translate in _tp_registry.translators(self._user):
-                state_dict = translate(state_dict)
-        missing = [k for k in own if k not in state_dict]
-        if strict and missing:
-            raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        state_dict = self._under_own_names(state_dict, own, partial, strict)
         tp_rank = _state.require().topology.tp_rank
         with torch.no_grad():
             for key, tensor in own.items():
@@ -458,6 +451,18 @@ class DistributedModel(torch.nn.Module):
                         value = self._layout.shard(key, value, tp_rank)
                     tensor.copy_(value)
         return None
+
+    def _under_own_names(self, state_dict: dict, own, partial: bool, strict: bool) -> dict:
+        """A full state dict under the original model's names (a Hugging Face checkpoint)
+        translated, as SMP does, by the translators of the modules replaced; with
+        ``strict``, every entry this rank holds must be there."""
+        if not partial and any(k not in state_dict for k in own):
+            for translate in _tp_registry.translators(self._user):
+                state_dict = translate(state_dict)
+        missing = [k for k in own if k not in state_dict]
+        if strict and missing:
+            raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        return state_dict
 
     def _load_sharded(self, state_dict: dict[str, Any], partial: bool, strict: bool):
         """Sharded data parallelism: a partial state holds this rank's chunks, a full one
@@ -471,12 +476,7 @@ class DistributedModel(torch.nn.Module):
         state_dict = {k: v for k, v in state_dict.items()
                       if k not in ("_smp_is_partial", "_smp_zero2d", "shard_size")}
         own = self._named_tensors()
-        if not partial and any(k not in state_dict for k in own):
-            for translate in _tp_registry.translators(self._user):
-                state_dict = translate(state_dict)
-        missing = [k for k in own if k not in state_dict]
-        if strict and missing:
-            raise KeyError(f"the state dict lacks this rank's entries: {missing[:5]}")
+        state_dict = self._under_own_names(state_dict, own, partial, strict)
         st = _state.require()
         sharded = self.sharded
         with torch.no_grad():

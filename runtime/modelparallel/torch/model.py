@@ -375,24 +375,19 @@ class DistributedModel(torch.nn.Module):
 
     # -- state dicts ------------------------------------------------------------------------
     def local_state_dict(self, *args, **kwargs) -> dict[str, Any]:
-        """This rank's parameters and buffers, marked partial."""
-        out: dict[str, Any] = {}
-        for name, module in self.local_named_modules():  # tied parameters under each name
-            for pname, param in module.named_parameters(recurse=False):
-                out[f"{name}.{pname}" if name else pname] = param
-            for bname, buf in module.named_buffers(recurse=False):
-                if buf is not None and bname not in module._non_persistent_buffers_set:
-                    out[f"{name}.{bname}" if name else bname] = buf
-        out = {k: v.detach() for k, v in out.items()}
-        if self.sharded is not None:  # this rank's chunks (sharded/layout.py)
-            out = {k: getattr(v, "ds_tensor", v) for k, v in self._named_tensors().items()}
+        """This rank's parameters and buffers, marked partial (under sharded data
+        parallelism, this rank's chunks of the parameters)."""
+        out: dict[str, Any] = {k: getattr(v, "ds_tensor", v).detach()
+                               for k, v in self._named_tensors().items()}
+        if self.sharded is not None:  # (sharded/layout.py)
             out["_smp_zero2d"] = True
             out["shard_size"] = self.sharded.parts
         out["_smp_is_partial"] = True
         return out
 
     def _named_tensors(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters (the objects) and persistent buffers, under every name."""
+        """This rank's parameters (the objects) and persistent buffers, under every name
+        (tied parameters under each)."""
         out: dict[str, torch.Tensor] = {}
         for name, module in self.local_named_modules():
             for pname, param in module.named_parameters(recurse=False):

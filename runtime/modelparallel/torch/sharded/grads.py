@@ -44,13 +44,15 @@ class GradientReducer:
         self._pending: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self._pending_elements = 0
         self._steps = 0
+        self._ranges: list[tuple[int, int]] = []  # what norm() counts (_counted)
+        self._ranges_key: tuple[int, int] | None = None
         self._error: BaseException | None = None
         self._jobs: queue.Queue | None = None
         if overlap and self.parts > 1:
             self._jobs = queue.Queue()
             threading.Thread(target=self._run, name="shoal-sdp-reduce", daemon=True).start()
 
-    def attach(self, params: list[torch.nn.Parameter], parts: int) -> None:  # noqa: ARG002
+    def attach(self, params: list[torch.nn.Parameter]) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.arrange(self.params)
 
@@ -72,8 +74,8 @@ class GradientReducer:
         """The gradient shards of ``params`` (consecutive in the layout) as one view."""
         if not params:
             return self.flat[:0]
-        start = self.views[id(params[0])].data_ptr() - self.flat.data_ptr()
-        return self.flat[start // 4: start // 4 + sum(p.ds_tensor.numel() for p in params)]
+        start = self.views[id(params[0])].storage_offset()
+        return self.flat[start:start + sum(p.ds_tensor.numel() for p in params)]
 
     # -- during the backward ---------------------------------------------------------------
     def add(self, p: torch.nn.Parameter, grad: torch.Tensor | None) -> None:
@@ -163,7 +165,7 @@ class GradientReducer:
         """The ranges of the flat buffer this rank counts in the norm (one without tensor
         parallelism), merged where they touch."""
         key = (id(self.flat), tp_rank)
-        if getattr(self, "_ranges_key", None) != key:
+        if self._ranges_key != key:
             ranges: list[tuple[int, int]] = []
             at = 0
             for p in self.params:

@@ -160,7 +160,7 @@ class ShardedParameters:
         for p in self.params:
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
-        reducer.attach(self.params, self.parts)
+        reducer.attach(self.params)
 
     # -- at rest -------------------------------------------------------------------------
     def shard(self, p: torch.nn.Parameter) -> None:

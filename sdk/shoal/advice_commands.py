@@ -14,7 +14,8 @@ import sys
 import attrs
 import click
 
-from shoal import advisor, planner
+from shoal.planning import advisor
+from shoal.planning import sizing
 from shoal import config as config_mod
 
 __all__ = ["advise", "plan"]
@@ -107,11 +108,11 @@ def plan():
 @click.option("--epoch-seconds", type=float, required=True, help="Time of one epoch.")
 @click.option("--instance-count", type=int, default=1, show_default=True)
 @click.option("--deployment-type", type=click.Choice(
-    sorted({t.name for t in planner.DEPLOYMENT_TYPES})), help="Only this deployment type.")
+    sorted({t.name for t in sizing.DEPLOYMENT_TYPES})), help="Only this deployment type.")
 @OUTPUT
 def fsx(dataset_gb, epoch_seconds, instance_count, deployment_type, output):
     """FSx for Lustre capacity reaching dataset / epoch time."""
-    result = planner.plan_fsx(dataset_gb, epoch_seconds, instance_count, deployment_type)
+    result = sizing.plan_fsx(dataset_gb, epoch_seconds, instance_count, deployment_type)
     if output == "json":
         data = attrs.asdict(result)
         data.update(required_mbps=result.required_mbps, per_instance_mbps=result.per_instance_mbps)
@@ -140,8 +141,8 @@ def lr(base_lr, base_batch, global_batch, processes, warmup_steps, output):
         if processes is None:
             raise click.UsageError("give --global-batch or --processes")
         global_batch = base_batch * processes
-    result = planner.scale_learning_rate(base_lr, base_batch, global_batch, warmup_steps)
-    schedule = planner.warmup_schedule(result)
+    result = sizing.scale_learning_rate(base_lr, base_batch, global_batch, warmup_steps)
+    schedule = sizing.warmup_schedule(result)
     if output == "json":
         _emit_json({**attrs.asdict(result), "factor": result.factor,
                     "scaled_lr": result.scaled_lr, "warmup_schedule": schedule})
@@ -166,7 +167,7 @@ def microbatches(batch_size, candidates, dataset_size, output):
     except ValueError as error:
         raise click.BadParameter(f"expected comma-separated ints (got {candidates!r})",
                                  param_hint="--candidates") from error
-    result = planner.plan_microbatches(batch_size, counts, dataset_size)
+    result = sizing.plan_microbatches(batch_size, counts, dataset_size)
     if output == "json":
         _emit_json({**attrs.asdict(result), "last_batch": result.last_batch})
         return
@@ -187,7 +188,7 @@ def microbatches(batch_size, candidates, dataset_size, output):
 @OUTPUT
 def topology(instance_type, instance_count, processes_per_host, allreduce_mb, output):
     """Ranks per host and AllReduce traffic: flat ring vs hierarchical."""
-    result = planner.plan_topology(instance_type, instance_count, processes_per_host)
+    result = sizing.plan_topology(instance_type, instance_count, processes_per_host)
     traffic = result.allreduce(int(allreduce_mb * 10**6))
     if output == "json":
         _emit_json({**attrs.asdict(result), "world_size": result.world_size,

@@ -19,7 +19,8 @@ import warnings
 
 import attrs
 
-from shoal import advisor, image_uris, limits, naming, secrets
+from shoal import image_uris, limits, naming, secrets
+from shoal.planning import advisor
 from shoal import request as request_
 from shoal.backends import backend_for
 from shoal.debugger.rules import DETAILED_PROFILER_RULE, local_source
@@ -108,7 +109,7 @@ class EstimatorBase:
                  tensorboard_output_config=None, allow_secrets=False, advice=None, **kwargs):
         params = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         apply_renamed(params, dict(kwargs))
-        # "warn" (the default, or $SHOAL_ADVICE), "strict" or "off": see shoal.advisor
+        # "warn" (the default, or $SHOAL_ADVICE), "strict" or "off": see shoal.planning.advisor
         params.pop("advice")
         object.__setattr__(self, "advice", None if advice is None else advisor.mode(advice))
         session = params.pop("sagemaker_session")

@@ -1,13 +1,13 @@
 """The planner: FSx for Lustre sizing, learning-rate scaling, microbatches, topology."""
 
 import pytest
-from shoal import planner
+from shoal.planning import sizing
 from shoal.errors import ValidationError
 
 
 def test_the_seed_fsx_example_is_reproduced():
     # 100 GB data set, 30 s epochs, 4 nodes: about 3.3 GB/s; SCRATCH_2 at 1.2 TiB gives 240 MB/s
-    plan = planner.plan_fsx(100, 30, 4)
+    plan = sizing.plan_fsx(100, 30, 4)
     assert plan.required_mbps == pytest.approx(3333.3, abs=0.1)
     assert plan.per_instance_mbps == pytest.approx(833.3, abs=0.1)
     scratch2 = plan.option("SCRATCH_2")
@@ -27,35 +27,35 @@ def test_the_seed_fsx_example_is_reproduced():
     ("PERSISTENT_2", 1000, 4800, 4800),
 ])
 def test_each_deployment_type_gets_its_smallest_valid_capacity(kind, tier, storage, throughput):
-    option = planner.plan_fsx(100, 30, 4).option(kind, tier)
+    option = sizing.plan_fsx(100, 30, 4).option(kind, tier)
     assert (option.storage_gib, option.throughput_mbps) == (storage, throughput)
 
 
 def test_every_tier_of_the_docs_is_planned():
-    tiers = {(o.deployment_type, o.per_unit_throughput) for o in planner.plan_fsx(1, 1).options}
+    tiers = {(o.deployment_type, o.per_unit_throughput) for o in sizing.plan_fsx(1, 1).options}
     assert tiers == {("SCRATCH_1", 200), ("SCRATCH_2", 200), ("PERSISTENT_1", 50),
                      ("PERSISTENT_1", 100), ("PERSISTENT_1", 200), ("PERSISTENT_2", 125),
                      ("PERSISTENT_2", 250), ("PERSISTENT_2", 500), ("PERSISTENT_2", 1000)}
 
 
 def test_small_needs_get_the_first_capacities():
-    plan = planner.plan_fsx(10, 3600, 2)  # 2.8 MB/s: the minimum suffices
+    plan = sizing.plan_fsx(10, 3600, 2)  # 2.8 MB/s: the minimum suffices
     assert plan.option("SCRATCH_2").storage_gib == 1200
-    assert planner.DEPLOYMENT_TYPES[0].capacities(1500) == 2400  # SCRATCH_1's second size
+    assert sizing.DEPLOYMENT_TYPES[0].capacities(1500) == 2400  # SCRATCH_1's second size
 
 
 def test_capacity_also_holds_the_data_set():
     # 5000 GB read slowly: throughput needs little, but 4657 GiB must fit
-    option = planner.plan_fsx(5000, 10**6, 1).option("SCRATCH_2")
+    option = sizing.plan_fsx(5000, 10**6, 1).option("SCRATCH_2")
     assert option.storage_gib == 4800
     assert option.minimum_storage_gib == 4800
 
 
 def test_one_deployment_type_only():
-    plan = planner.plan_fsx(100, 30, 4, deployment_type="PERSISTENT_2")
+    plan = sizing.plan_fsx(100, 30, 4, deployment_type="PERSISTENT_2")
     assert {o.deployment_type for o in plan.options} == {"PERSISTENT_2"}
     with pytest.raises(ValidationError, match="'deployment_type' must be in"):
-        planner.plan_fsx(100, 30, 4, deployment_type="SCRATCH_3")
+        sizing.plan_fsx(100, 30, 4, deployment_type="SCRATCH_3")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -65,33 +65,33 @@ def test_one_deployment_type_only():
 ])
 def test_fsx_arguments_are_checked(args, message):
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        planner.plan_fsx(*args)
+        sizing.plan_fsx(*args)
 
 
 def test_linear_scaling_rule():
-    plan = planner.scale_learning_rate(0.1, 256, 2048, warmup_steps=4)
+    plan = sizing.scale_learning_rate(0.1, 256, 2048, warmup_steps=4)
     assert plan.factor == 8
     assert plan.scaled_lr == pytest.approx(0.8)
-    assert planner.warmup_schedule(plan) == pytest.approx([0.1, 0.275, 0.45, 0.625, 0.8])
+    assert sizing.warmup_schedule(plan) == pytest.approx([0.1, 0.275, 0.45, 0.625, 0.8])
     assert plan.lr_at(100) == pytest.approx(0.8)
 
 
 def test_no_warmup_is_the_scaled_rate_at_once():
-    plan = planner.scale_learning_rate(0.01, 32, 64)
-    assert planner.warmup_schedule(plan, 3) == pytest.approx([0.02, 0.02, 0.02])
+    plan = sizing.scale_learning_rate(0.01, 32, 64)
+    assert sizing.warmup_schedule(plan, 3) == pytest.approx([0.02, 0.02, 0.02])
 
 
 def test_learning_rate_arguments_are_checked():
     with pytest.raises(ValidationError, match="'base_batch' must be >= 1"):
-        planner.scale_learning_rate(0.1, 0, 64)
+        sizing.scale_learning_rate(0.1, 0, 64)
     with pytest.raises(ValidationError, match=r"'warmup_steps' must be >= 0 \(got -5\)"):
-        planner.scale_learning_rate(0.1, 32, 64, warmup_steps=-5)
+        sizing.scale_learning_rate(0.1, 32, 64, warmup_steps=-5)
     with pytest.raises(ValidationError, match="'step' must be >= 0"):
-        planner.scale_learning_rate(0.1, 1, 2).lr_at(-1)
+        sizing.scale_learning_rate(0.1, 1, 2).lr_at(-1)
 
 
 def test_microbatches_divide_the_batch():
-    plan = planner.plan_microbatches(24, (1, 2, 4, 5, 8, 16))
+    plan = sizing.plan_microbatches(24, (1, 2, 4, 5, 8, 16))
     assert plan.valid == (1, 2, 4, 8)
     assert plan.rejected == (5, 16)
     assert [o.microbatch_size for o in plan.options] == [24, 12, 6, 3]
@@ -99,17 +99,17 @@ def test_microbatches_divide_the_batch():
 
 
 def test_last_partial_batch_must_be_dropped_when_not_divisible():
-    plan = planner.plan_microbatches(8, (2, 4, 8), dataset_size=1002)  # last batch: 2
+    plan = sizing.plan_microbatches(8, (2, 4, 8), dataset_size=1002)  # last batch: 2
     assert plan.last_batch == 2
     assert {o.microbatches: o.drop_last for o in plan.options} == {2: False, 4: True, 8: True}
-    assert planner.plan_microbatches(8, (4,), dataset_size=1000).last_batch is None
+    assert sizing.plan_microbatches(8, (4,), dataset_size=1000).last_batch is None
 
 
 def test_microbatch_arguments_are_checked():
     with pytest.raises(ValidationError, match="'batch_size' must be >= 1"):
-        planner.plan_microbatches(0)
+        sizing.plan_microbatches(0)
     with pytest.raises(ValidationError, match="'candidates' must hold ints >= 1"):
-        planner.plan_microbatches(8, (0,))
+        sizing.plan_microbatches(8, (0,))
 
 
 @pytest.mark.parametrize("instance_type, gpus", [
@@ -118,18 +118,18 @@ def test_microbatch_arguments_are_checked():
     ("ml.g5.12xlarge", 4), ("ml.g4dn.12xlarge", 4), ("ml.c5.xlarge", None), ("local", None),
 ])
 def test_gpus_per_instance(instance_type, gpus):
-    assert planner.gpus_per_instance(instance_type) == gpus
+    assert sizing.gpus_per_instance(instance_type) == gpus
 
 
 def test_topology_ranks_and_hosts():
-    topo = planner.plan_topology("ml.p4d.24xlarge", 4)
+    topo = sizing.plan_topology("ml.p4d.24xlarge", 4)
     assert (topo.hosts, topo.local_size, topo.world_size) == (4, 8, 32)
-    assert planner.plan_topology("ml.p4d.24xlarge", 2, processes_per_host=4).world_size == 8
-    assert planner.plan_topology("ml.c5.xlarge", 3).world_size == 3
+    assert sizing.plan_topology("ml.p4d.24xlarge", 2, processes_per_host=4).world_size == 8
+    assert sizing.plan_topology("ml.c5.xlarge", 3).world_size == 3
 
 
 def test_allreduce_traffic_ring_versus_hierarchical():
-    traffic = planner.plan_topology("ml.p4d.24xlarge", 4).allreduce(32 * 10**6)
+    traffic = sizing.plan_topology("ml.p4d.24xlarge", 4).allreduce(32 * 10**6)
     n, local, hosts, size = 32, 8, 4, 32 * 10**6
     assert traffic.ring_bytes_per_rank == pytest.approx(2 * (n - 1) / n * size)
     assert traffic.ring_network_bytes_per_host == pytest.approx(2 * (n - 1) / n * size)
@@ -142,9 +142,9 @@ def test_allreduce_traffic_ring_versus_hierarchical():
 
 
 def test_one_host_sends_nothing_over_the_network():
-    traffic = planner.plan_topology("ml.p4d.24xlarge", 1).allreduce(1000)
+    traffic = sizing.plan_topology("ml.p4d.24xlarge", 1).allreduce(1000)
     assert traffic.inter_host_bytes_per_rank == 0
     assert traffic.ring_network_bytes_per_host == 0
     assert traffic.network_streams_per_host == 0
     with pytest.raises(ValidationError, match="'nbytes' must be an int >= 0"):
-        planner.plan_topology("ml.p4d.24xlarge", 1).allreduce(-1)
+        sizing.plan_topology("ml.p4d.24xlarge", 1).allreduce(-1)

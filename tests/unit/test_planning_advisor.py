@@ -8,7 +8,7 @@ import pytest
 import shoal
 from botocore.stub import Stubber
 from moto import mock_aws
-from shoal import advisor
+from shoal.planning import advisor
 from shoal import estimator as estimator_module
 from shoal.errors import ValidationError
 from shoal.inputs import FileSystemInput, TrainingInput

@@ -27,7 +27,7 @@ import botocore.session
 
 from shoal import config as config_mod
 from shoal import inputs as inputs_
-from shoal import planner
+from shoal.planning import sizing
 from shoal.config import PROCESSES_PER_HOST_HP
 from shoal.containers import matrix
 from shoal.errors import ValidationError
@@ -115,7 +115,7 @@ class JobView:
         """Ranks per host: mpi's setting, the launcher's hyperparameter, else one per GPU."""
         per_host = self.distribution.processes_per_host if self.distribution else None
         per_host = per_host or _positive_int(self.hyperparameters.get(PROCESSES_PER_HOST_HP))
-        return per_host or planner.gpus_per_instance(self.config.instance_type)
+        return per_host or sizing.gpus_per_instance(self.config.instance_type)
 
 
 def _positive_int(value) -> int | None:
@@ -248,7 +248,7 @@ def read_script(config) -> str | None:
 def check_single_host(job: JobView) -> list[Finding]:
     if not job.dataparallel or job.instance_count != 1:
         return []
-    gpus = planner.gpus_per_instance(job.config.instance_type)
+    gpus = sizing.gpus_per_instance(job.config.instance_type)
     severity = "warning" if gpus in (None, 1) else "info"
     return [Finding(
         "SHOAL-DP001", severity,
@@ -326,7 +326,7 @@ def check_storage(job: JobView) -> list[Finding]:
 
 
 def _fsx_finding(job: JobView) -> Finding:
-    plan = planner.plan_fsx(job.hints.dataset_gb, job.hints.epoch_seconds, job.instance_count)
+    plan = sizing.plan_fsx(job.hints.dataset_gb, job.hints.epoch_seconds, job.instance_count)
     smallest = plan.option("SCRATCH_2")
     return Finding(
         "SHOAL-DP006", "info",
@@ -418,7 +418,7 @@ def check_batch_scaling(job: JobView) -> list[Finding]:
     processes = per_host * job.instance_count
     if processes < 2:
         return []
-    plan = planner.scale_learning_rate(lr, batch, batch * processes)
+    plan = sizing.scale_learning_rate(lr, batch, batch * processes)
     return [Finding(
         "SHOAL-DP008", "info",
         f"the global batch is {plan.new_global_batch} ({batch_key}={batch} x {processes} "
@@ -572,13 +572,13 @@ def check_microbatches(job: JobView) -> list[Finding]:
     findings = []
     _, batch = _number(job.hyperparameters, BATCH_KEYS, int)
     if batch is not None and batch % count:
-        valid = planner.plan_microbatches(batch).valid
+        valid = sizing.plan_microbatches(batch).valid
         findings.append(Finding(
             "SHOAL-MP001", "error",
             f"microbatches ({count}) does not divide the batch size ({batch})",
             f"use a microbatch count that divides {batch}: {list(valid)}", TIP_MICROBATCHES))
     elif batch is not None and job.hints.dataset_size:
-        plan = planner.plan_microbatches(batch, (count,), job.hints.dataset_size)
+        plan = sizing.plan_microbatches(batch, (count,), job.hints.dataset_size)
         if plan.options and plan.options[0].drop_last:
             findings.append(Finding(
                 "SHOAL-MP002", "warning",

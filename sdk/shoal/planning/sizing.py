@@ -20,6 +20,7 @@ import math
 import attrs
 
 from shoal.errors import ValidationError
+from shoal.planning import instances
 
 # ---------------------------------------------------------------- shared validators
 
@@ -276,21 +277,8 @@ def _check_count(count) -> None:
 
 # ---------------------------------------------------------------- data-parallel topology
 
-#: GPUs per instance of the ML instance types used for distributed training.
-GPUS_PER_INSTANCE: dict[str, int] = {
-    "ml.p2.xlarge": 1, "ml.p2.8xlarge": 8, "ml.p2.16xlarge": 16,
-    "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
-    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8,
-    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.8xlarge": 1,
-    "ml.g4dn.16xlarge": 1, "ml.g4dn.12xlarge": 4,
-    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1,
-    "ml.g5.16xlarge": 1, "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
-}  # fmt: skip
-
-
-def gpus_per_instance(instance_type: str | None) -> int | None:
-    """GPUs of an instance type, None when unknown (CPU types, "local")."""
-    return GPUS_PER_INSTANCE.get(instance_type or "")
+# GPUs per instance type: the one instance table, which the strategy planner reads too.
+gpus_per_instance = instances.gpus_per_instance
 
 
 @attrs.frozen

@@ -14,9 +14,8 @@ import sys
 import attrs
 import click
 
-from shoal.planning import advisor
-from shoal.planning import sizing
 from shoal import config as config_mod
+from shoal.planning import advisor, sizing
 
 __all__ = ["advise", "plan"]
 

@@ -20,11 +20,11 @@ import warnings
 import attrs
 
 from shoal import image_uris, limits, naming, secrets
-from shoal.planning import advisor
 from shoal import request as request_
 from shoal.backends import backend_for
 from shoal.debugger.rules import DETAILED_PROFILER_RULE, local_source
 from shoal.errors import ValidationError
+from shoal.planning import advisor
 from shoal.request import InstanceGroup, Resolved, TrainingConfig
 from shoal.session import Session
 

@@ -1,17 +1,17 @@
-"""The advisor: each tip or pitfall of the distributed libraries as a tested check, and
-``fit()`` running it (logged once, strict mode, off)."""
+"""The advisor's public surface: findings, advise() on each kind of job, and ``fit()``
+running it (logged once, strict mode, off). The checks are tested beside their modules
+(test_planning_job_checks, test_planning_region_checks, test_planning_script_checks), which
+share this file's jobs and scripts."""
 
 import logging
 
 import boto3
 import pytest
 import shoal
-from botocore.stub import Stubber
 from moto import mock_aws
-from shoal.planning import advisor
 from shoal import estimator as estimator_module
 from shoal.errors import ValidationError
-from shoal.inputs import FileSystemInput, TrainingInput
+from shoal.planning import advisor
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 REGION = "us-west-2"
@@ -77,129 +77,7 @@ def test_advise_refuses_what_is_not_an_estimator():
         advisor.advise({"instance_count": 2})
 
 
-# ---------------------------------------------------------------- data parallel
-
-
-def test_data_parallel_on_one_host():
-    finding = only(advisor.advise(pytorch(instance_count=1)), "SHOAL-DP001")
-    assert finding.severity == "info"  # 8 GPUs: NVLink helps, the library is still usable
-    assert "two or more nodes" in finding.message and "NVLink" in finding.message
-    assert finding.source == "Single Versus Multiple Nodes"
-    single_gpu = advisor.advise(pytorch(instance_count=1, instance_type="ml.p3.2xlarge"))
-    assert only(single_gpu, "SHOAL-DP001").severity == "warning"
-    assert "SHOAL-DP001" not in codes(advisor.advise(pytorch(instance_count=2)))
-
-
-@pytest.mark.parametrize("image, major", [
-    ("1.dkr.ecr.us-west-2.amazonaws.com/pt:2.0.1-gpu-py310-cu121-ubuntu20.04", 12),
-    ("1.dkr.ecr.us-west-2.amazonaws.com/pt:1.8.1-gpu-py36-cu102", 10),
-    ("1.dkr.ecr.us-west-2.amazonaws.com/pt:1.12.1-gpu-py38-cu113", 11),
-    ("nvidia/cuda:12.1.0-devel-ubuntu22.04", 12),
-    ("myrepo/cuda11.8-train:latest", 11),
-    ("1.dkr.ecr.us-west-2.amazonaws.com/shoal-pytorch-training:1.13.1-gpu-py39", 11),
-    ("1.dkr.ecr.us-west-2.amazonaws.com/my-training:latest", None),
-])
-def test_image_cuda_major(image, major):
-    assert advisor.image_cuda_major(image) == major
-
-
-def test_data_parallel_image_that_is_not_cuda_11_is_an_error():
-    est = pytorch(image_uri="1.dkr.ecr.us-west-2.amazonaws.com/pt:1.8.1-gpu-py36-cu102")
-    finding = only(advisor.advise(est), "SHOAL-DP002")
-    assert finding.severity == "error"
-    assert "CUDA 10" in finding.message and "only CUDA 11" in finding.message
-    ok = pytorch(image_uri="1.dkr.ecr.us-west-2.amazonaws.com/pt:1.12.1-gpu-py38-cu113")
-    assert "SHOAL-DP002" not in codes(advisor.advise(ok))
-    assert "SHOAL-DP002" not in codes(advisor.advise(pytorch()))  # Shoal's own image
-
-
-def test_an_image_without_a_cuda_mark_is_flagged_as_unknown():
-    est = pytorch(image_uri="1.dkr.ecr.us-west-2.amazonaws.com/my-training:latest")
-    finding = only(advisor.advise(est), "SHOAL-DP002")
-    assert finding.severity == "info" and "cannot tell the CUDA version" in finding.message
-
-
-@pytest.mark.parametrize("bucket, region", [
-    ("data-eu-west-1", "eu-west-1"),
-    ("sagemaker-us-west-2-123456789012", "us-west-2"),
-    ("my.bucket.ap-southeast-2.archive", "ap-southeast-2"),
-    ("arn:aws:s3:eu-central-1:123456789012:accesspoint/train", "eu-central-1"),
-    ("training-data", None),
-    ("bus-west-20", None),
-])
-def test_bucket_region_from_its_name(bucket, region):
-    assert advisor.bucket_region_from_name(bucket) == region
-
-
-def test_s3_input_in_another_region_is_an_error():
-    findings = advisor.advise(pytorch(), {"train": "s3://data-eu-west-1/train",
-                                          "test": "s3://data-us-west-2/test"})
-    finding = only(findings, "SHOAL-DP003")
-    assert finding.severity == "error"
-    assert finding.message == ("channel 'train' reads S3 bucket 'data-eu-west-1' in eu-west-1, "
-                               "but the job runs in us-west-2")
-
-
-def test_access_point_arn_region():
-    uri = "s3://arn:aws:s3:eu-central-1:123456789012:accesspoint/train/prefix/"
-    finding = only(advisor.advise(pytorch(), uri), "SHOAL-DP003")
-    assert "eu-central-1" in finding.message
-
-
-def test_bucket_region_through_get_bucket_location():
-    s3 = boto3.client("s3", region_name=REGION)
-    with Stubber(s3) as stub:
-        stub.add_response("get_bucket_location", {"LocationConstraint": "EU"},
-                          {"Bucket": "training-data"})
-        findings = advisor.advise(pytorch(), "s3://training-data/x", s3_client=s3)
-    assert "in eu-west-1" in only(findings, "SHOAL-DP003").message
-    with Stubber(s3) as stub:
-        stub.add_response("get_bucket_location", {}, {"Bucket": "training-data"})
-        assert advisor.bucket_region("training-data", s3) == "us-east-1"
-    with Stubber(s3) as stub:
-        stub.add_client_error("get_bucket_location", "AccessDenied")
-        assert advisor.bucket_region("training-data", s3) is None
-
-
-def test_no_region_known_means_no_region_check():
-    est = pytorch(instance_type="local", distribution=None, instance_count=1)
-    assert advisor.advise(est, "s3://data-eu-west-1/train") == []
-
-
-def test_file_system_in_the_subnets_other_region():
-    fsx = FileSystemInput("fs-0123456789abcdef0", "FSxLustre", "/fsx/train")
-    est = pytorch(subnets=["subnet-0abc"], security_group_ids=["sg-0abc"])
-    ec2 = boto3.client("ec2", region_name=REGION)
-    with Stubber(ec2) as stub:
-        stub.add_response("describe_subnets",
-                          {"Subnets": [{"SubnetId": "subnet-0abc", "AvailabilityZone": "eu-west-1a"}]},
-                          {"SubnetIds": ["subnet-0abc"]})
-        finding = only(advisor.advise(est, {"train": fsx}, ec2_client=ec2), "SHOAL-DP004")
-    assert finding.severity == "error"
-    assert "FSxLustre file system 'fs-0123456789abcdef0' in eu-west-1" in finding.message
-    # without a way to know the subnets' region, file systems are not judged
-    assert "SHOAL-DP004" not in codes(advisor.advise(est, {"train": fsx}))
-
-
-def test_multi_node_s3_file_mode_suggests_fsx():
-    finding = only(advisor.advise(pytorch(), "s3://data-us-west-2/train"), "SHOAL-DP005")
-    assert finding.severity == "info"
-    assert "FSx for Lustre" in finding.fix and "FastFile" in finding.fix
-    fast = TrainingInput("s3://data-us-west-2/train", input_mode="FastFile")
-    assert "SHOAL-DP005" not in codes(advisor.advise(pytorch(), fast))
-    assert "SHOAL-DP005" not in codes(advisor.advise(pytorch(input_mode="Pipe"),
-                                                     "s3://data-us-west-2/train"))
-
-
-def test_dataset_hints_size_fsx_through_the_planner():
-    findings = advisor.advise(pytorch(instance_count=4), "s3://data-us-west-2/train",
-                              dataset_gb=100, epoch_seconds=30)
-    assert only(findings, "SHOAL-DP005").severity == "warning"
-    plan = only(findings, "SHOAL-DP006")
-    assert "about 3.3 GB/s" in plan.message
-    assert "SCRATCH_2 at its minimum 1.2 TiB gives 240 MB/s" in plan.message
-    assert "16.8 TiB of SCRATCH_2 (3360 MB/s)" in plan.fix
-    assert "after the first epoch" in plan.fix
+# ---------------------------------------------------------------- scripts the checks read
 
 
 TORCH_SCRIPT = """
@@ -209,166 +87,6 @@ loader = DataLoader(dataset, batch_size=64, num_workers=8, shuffle=True)
 TF_SCRIPT = """
 ds = tf.data.TFRecordDataset(files).map(parse_image).batch(64)
 """
-
-
-def test_cpu_preprocessing_in_the_script():
-    finding = only(advisor.advise(pytorch(), script_text=TORCH_SCRIPT), "SHOAL-DP007")
-    assert finding.severity == "warning"
-    assert "DataLoader num_workers=8" in finding.message
-    assert "torchvision transforms" in finding.message
-    assert "competes" in finding.message
-    assert "before training" in finding.fix and "GPU" in finding.fix
-    assert advisor.cpu_preprocessing(TF_SCRIPT) == ["tf.data map without num_parallel_calls"]
-    parallel = "ds = tf.data.Dataset.from_tensor_slices(x).map(f, num_parallel_calls=AUTOTUNE)"
-    assert advisor.cpu_preprocessing(parallel) == []
-    assert advisor.cpu_preprocessing("DataLoader(ds, num_workers=2)") == []
-    assert advisor.cpu_preprocessing("img = cv2.imread(p)\nfrom PIL import Image") == [
-        "PIL image decoding", "OpenCV decoding"]
-
-
-def test_batch_size_and_learning_rate_scaling():
-    est = pytorch(instance_count=4, hyperparameters={"batch-size": 64, "learning_rate": "0.01"})
-    finding = only(advisor.advise(est), "SHOAL-DP008")
-    assert finding.severity == "info"
-    assert finding.message == ("the global batch is 2048 (batch-size=64 x 32 processes): with "
-                               "learning_rate=0.01 tuned for a batch of 64, the linear scaling "
-                               "rule gives 0.32")
-    assert "warm-up" in finding.fix
-    assert "SHOAL-DP008" not in codes(advisor.advise(pytorch(hyperparameters={"epochs": 3})))
-
-
-def test_mpi_processes_per_host_count_for_the_global_batch():
-    dist = {"mpi": {"enabled": True, "processes_per_host": 2}}
-    est = pytorch(distribution=dist, hyperparameters={"batch_size": 16, "lr": 0.1})
-    assert "x 4 processes" in only(advisor.advise(est), "SHOAL-DP008").message
-    # a job file's processes_per_host travels as the launcher's hyperparameter
-    est = pytorch(hyperparameters={"batch_size": 16, "lr": 0.1,
-                                   "sagemaker_mpi_num_of_processes_per_host": 3})
-    assert "x 6 processes" in only(advisor.advise(est), "SHOAL-DP008").message
-
-
-@pytest.mark.parametrize("options, severity", [
-    ("-verbose -x NCCL_DEBUG=VERSION", "info"),
-    ("-x NCCL_DEBUG=INFO", "warning"),
-    ("-x FI_EFA_USE_DEVICE_RDMA=1", None),
-])
-def test_custom_mpi_options(options, severity):
-    dist = {"smdistributed": {"dataparallel": {"enabled": True, "custom_mpi_options": options}}}
-    findings = advisor.advise(pytorch(distribution=dist))
-    if severity is None:
-        assert "SHOAL-DP009" not in codes(findings)
-    else:
-        assert only(findings, "SHOAL-DP009").severity == severity
-
-
-def test_disabled_profiler_on_a_multi_node_job_suggests_debugger_rules():
-    finding = only(advisor.advise(pytorch(disable_profiler=True)), "SHOAL-DP010")
-    for rule in ("CPUBottleneck", "LoadBalancing", "LowGPUUtilization"):
-        assert rule in finding.fix
-    one_node = pytorch(disable_profiler=True, instance_count=1)
-    assert "SHOAL-DP010" not in codes(advisor.advise(one_node))
-
-
-# ---------------------------------------------------------------- model parallel
-
-
-def test_microbatches_must_divide_the_batch_size():
-    est = smp({"partitions": 2, "microbatches": 3}, hyperparameters={"batch_size": 32})
-    finding = only(advisor.advise(est), "SHOAL-MP001")
-    assert finding.severity == "error"
-    assert finding.message == "microbatches (3) does not divide the batch size (32)"
-    assert "[1, 2, 4, 8, 16, 32]" in finding.fix
-    fine = smp({"partitions": 2, "microbatches": 4}, hyperparameters={"batch_size": 32})
-    assert not [c for c in codes(advisor.advise(fine)) if c.startswith("SHOAL-MP")]
-
-
-def test_last_batch_against_microbatches_with_a_dataset_size():
-    est = smp({"partitions": 2, "microbatches": 4}, hyperparameters={"batch_size": 32})
-    finding = only(advisor.advise(est, dataset_size=1002), "SHOAL-MP002")  # last batch: 10
-    assert finding.message == ("the epoch's last batch holds 10 samples, not divisible by 4 "
-                               "microbatches")
-    assert "drop_last=True" in finding.fix
-    assert "SHOAL-MP002" not in codes(advisor.advise(est, dataset_size=1000))  # last batch: 8
-
-
-def test_microbatch_starting_point():
-    for count in (1, 64):
-        est = smp({"partitions": 2, "microbatches": count}, hyperparameters={"batch_size": 128})
-        finding = only(advisor.advise(est), "SHOAL-MP003")
-        assert "start with 2 or 4 microbatches" in finding.fix
-    tiny = smp({"partitions": 2, "microbatches": 8}, hyperparameters={"batch_size": 8})
-    assert "SHOAL-MP003" in codes(advisor.advise(tiny))  # microbatches of one sample
-
-
-def test_drop_last_missing_in_the_script():
-    script = "loader = DataLoader(ds, batch_size=32, shuffle=True)\nds2 = ds.batch(32)\n"
-    finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP002")
-    assert "DataLoader(ds, batch_size=32, shuffle=True)" in finding.message
-    assert ".batch(32)" in finding.message
-    assert "drop_last=True" in finding.fix and "drop_remainder=True" in finding.fix
-    done = "DataLoader(ds, batch_size=32, drop_last=True)\nds.batch(32, drop_remainder=True)"
-    assert "SHOAL-MP002" not in codes(advisor.advise(smp({"partitions": 2}), script_text=done))
-
-
-def test_manual_partitioning_with_tied_weights():
-    script = "self.decoder.weight = self.embedding.weight\n"
-    est = smp({"partitions": 2, "auto_partition": False, "default_partition": 0})
-    finding = only(advisor.advise(est, script_text=script), "SHOAL-MP004")
-    assert finding.severity == "warning"
-    assert "the script ties weights" in finding.message
-    assert "same device" in finding.message
-    assert "SHOAL-MP004" not in codes(advisor.advise(smp({"partitions": 2})))
-
-
-def test_sharding_by_rank_instead_of_dp_rank():
-    script = "ds = ds.shard(smp.size(), smp.rank())\n"
-    finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP005")
-    assert "smp.dp_rank()" in finding.fix
-    assert "SHOAL-MP005" in codes(advisor.advise(smp({"partitions": 2}),
-                                                 script_text="torch.manual_seed(smp.rank())"))
-    good = "ds = ds.shard(smp.dp_size(), smp.dp_rank())\n"
-    assert "SHOAL-MP005" not in codes(advisor.advise(smp({"partitions": 2}), script_text=good))
-
-
-def test_step_with_more_inputs_needs_non_split_inputs():
-    script = "@smp.step\ndef train_step(model, data, target, scale):\n    pass\n"
-    finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP006")
-    assert "['data', 'target', 'scale']" in finding.message
-    assert "non_split_inputs" in finding.fix
-    named = ("@smp.step(non_split_inputs=['scale'])\n"
-             "def train_step(model, data, target, scale):\n    pass\n")
-    assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=named))
-    plain = "@smp.step\ndef train_step(model, data, target):\n    pass\n"
-    assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=plain))
-    other = "@tf.function\ndef train_step(model, data, target, scale):\n    pass\n"
-    assert "SHOAL-MP006" not in codes(advisor.advise(smp({"partitions": 2}), script_text=other))
-
-
-def test_forward_returning_intermediate_tensors():
-    script = ("class Net(nn.Module):\n    def forward(self, x):\n        h = self.a(x)\n"
-              "        return self.b(h), h\n\nmodel = smp.DistributedModel(Net())\n")
-    finding = only(advisor.advise(smp({"partitions": 2}), script_text=script), "SHOAL-MP007")
-    assert "broadcast to all ranks" in finding.message
-    assert "forward() of ['Net']" in finding.message
-    for one in ("return self.b(h)", "return F.softmax(self.b(h), dim=1)"):
-        single = script.replace("return self.b(h), h", one)
-        assert advisor.forwards_returning_several(single) == []
-    assert "SHOAL-MP007" not in codes(advisor.advise(smp({"partitions": 2}), script_text=single))
-
-
-def test_script_checks_read_the_syntax_not_the_text():
-    assert advisor.batches_keeping_the_last(
-        "a = DataLoader(ds, drop_last=False)\nb = DataLoader(ds, **opts)\n"
-        "c = torch.utils.data.DataLoader(ds, batch_size=4, drop_last=True)\n"
-        "# DataLoader(ds) in a comment\n") == ["DataLoader(ds, drop_last=False)"]
-    assert advisor.shards_by_rank(
-        "sampler = DistributedSampler(ds, num_replicas=smp.dp_size(), rank=smp.rank())\n"
-        "print(smp.rank())\n") == [
-        "DistributedSampler(ds, num_replicas=smp.dp_size(), rank=smp.rank())"]
-    # a script that does not parse gives no script findings rather than guesses
-    broken = "def forward(self, x):\n    return a, b\nDataLoader(ds\n"
-    findings = advisor.advise(smp({"partitions": 2}), script_text=broken + "DistributedModel")
-    assert [c for c in codes(findings) if c in ("SHOAL-MP002", "SHOAL-MP007")] == []
 
 
 # ---------------------------------------------------------------- fit() and the modes

@@ -1,0 +1,356 @@
+"""The planner's cost model: memory per device and time per step of one configuration.
+
+Memory (bytes on the most loaded device, the first pipeline stage):
+
+* model states (ZeRO, Rajbhandari et al. 2020): weights, gradients and the optimizer's state
+  (with 16-bit training, an fp32 master copy on top of the optimizer's own state); tensor
+  parallelism divides the layers it splits, sharded data parallelism divides all three,
+  optimizer-state sharding the optimizer's part across the data-parallel group;
+* activations (Korthikanti et al. 2022): each layer's saved bytes per sample times the
+  microbatch, for every microbatch in flight on the stage; with checkpointing, the repeated
+  blocks keep only their input, plus one block's activations while it is recomputed;
+* gathered parameters under sharded data parallelism (the live window of prefetching).
+
+Time (seconds per step):
+
+* compute: forward and backward (twice the forward) FLOPs at the device's effective rate, plus
+  a fixed cost per layer and microbatch (kernel launches, hooks), plus the recomputed forward;
+* the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage;
+* tensor parallelism's all-reduces (not overlapped), pipeline sends between stages;
+* the data-parallel all-reduce of gradients (hierarchical: inside hosts, then between them),
+  hidden behind the backward up to ``overlap``; sharded data parallelism's gathers and
+  reduce-scatters, hidden behind compute up to ``overlap``;
+* the optimizer step, bound by memory bandwidth.
+
+Collectives follow the alpha-beta model: a ring over ``n`` ranks moves ``2 (n - 1) / n`` of the
+buffer per rank for an all-reduce and ``(n - 1) / n`` for a gather, plus a latency per hop.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from shoal.planning.models import ModelProfile
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+#: Optimizer state bytes per parameter, beyond the weights (fp32 moments).
+OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "lamb": 8, "adagrad": 4, "rmsprop": 4,
+                         "sgd_momentum": 4, "momentum": 4, "adafactor": 4, "sgd": 0}
+
+GIB = 1024**3
+
+
+@attrs.frozen
+class Hardware:
+    """The effective figures of one cluster, per device unless named per host."""
+
+    gpus_per_host: int
+    hosts: int
+    memory: float  # usable bytes per device
+    flops: float  # effective FLOP/s per device at the training precision
+    layer_overhead: float  # seconds per layer per microbatch (forward; backward twice)
+    hbm: float  # bytes/s
+    intra_bw: float  # bytes/s per device inside a host (all-reduce bus bandwidth)
+    net_bw: float  # bytes/s per host
+    alpha_intra: float = 10e-6
+    alpha_net: float = 30e-6
+    overlap: float = 0.8  # of data-parallel communication hidden behind the backward
+
+    @property
+    def devices(self) -> int:
+        return self.gpus_per_host * self.hosts
+
+
+@attrs.frozen
+class Workload:
+    profile: ModelProfile
+    global_batch: int
+    precision: str = "fp32"
+    optimizer: str = "adam"
+
+    @property
+    def weight_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def state_bytes(self) -> int:
+        """Optimizer bytes per parameter: its state, and an fp32 master copy in 16-bit."""
+        master = 0 if self.precision == "fp32" else 4
+        return OPTIMIZER_STATE_BYTES[self.optimizer] + master
+
+    @property
+    def activation_scale(self) -> float:
+        return 2.0 if self.precision == "fp32" else 1.0
+
+
+@attrs.frozen
+class Candidate:
+    """One configuration: degrees, microbatches, checkpointing."""
+
+    tensor: int
+    pipeline: int
+    data: int
+    sharded: int = 1  # sharded data parallel degree (1: off)
+    optimizer_sharding: bool = False
+    microbatches: int = 1
+    checkpointing: bool = False
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tensor * self.pipeline
+
+
+@attrs.frozen
+class Estimate:
+    candidate: Candidate
+    memory: dict  # term -> bytes per device
+    time: dict  # term -> seconds per step
+
+    @property
+    def memory_bytes(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(self.time.values())
+
+
+def allreduce_time(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) / ranks * nbytes / bandwidth + 2 * (ranks - 1) * alpha
+
+
+def gather_time(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> float:
+    """All-gather (or reduce-scatter) of a buffer of ``nbytes`` in total."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * alpha
+
+
+@functools.lru_cache(maxsize=256)
+def stages(loads: tuple[float, ...], parts: int) -> tuple[tuple[int, int], ...]:
+    """Contiguous ``[start, end)`` ranges of ``loads`` into ``parts`` with the least maximum."""
+    if parts >= len(loads):
+        return tuple((i, i + 1) for i in range(len(loads)))
+    low, high = max(loads), sum(loads)
+    for _ in range(60):  # bisect the bound; greedy packing decides feasibility
+        mid = (low + high) / 2
+        if len(_pack(loads, mid)) <= parts:
+            high = mid
+        else:
+            low = mid
+    ranges = _pack(loads, high)
+    while len(ranges) < parts:  # split the largest range that can be split
+        i = max((k for k, (a, b) in enumerate(ranges) if b - a > 1),
+                key=lambda k: sum(loads[ranges[k][0]:ranges[k][1]]))
+        a, b = ranges[i]
+        ranges[i:i + 1] = [(a, b - 1), (b - 1, b)]
+    return tuple(ranges)
+
+
+def _pack(loads, bound):
+    ranges, start, total = [], 0, 0.0
+    for i, load in enumerate(loads):
+        if total + load > bound * (1 + 1e-12) and i > start:
+            ranges.append((start, i))
+            start, total = i, 0.0
+        total += load
+    ranges.append((start, len(loads)))
+    return ranges
+
+
+@attrs.frozen
+class StageSums:
+    """A pipeline stage's layers summed once, so that each candidate costs O(stages)."""
+
+    layers: int
+    repeated: int
+    params_split: float
+    params_kept: float
+    largest_split: float
+    largest_kept: float
+    flops_split: float
+    flops_kept: float
+    recompute_split: float
+    recompute_kept: float
+    act_split: float
+    act_kept: float
+    act_split_other: float  # outside the repeated blocks (kept whole under checkpointing)
+    act_kept_other: float
+    boundaries: float  # the repeated blocks' inputs, all that checkpointing keeps of them
+    block_split: float  # the largest repeated block's activations, while it is recomputed
+    block_kept: float
+    tp_bytes: float
+    tp_calls: int
+    out_boundary: float
+
+    @classmethod
+    def of(cls, layers) -> StageSums:
+        split = [layer for layer in layers if layer.split]
+        kept = [layer for layer in layers if not layer.split]
+        rep = [layer for layer in layers if layer.repeated]
+        other = [layer for layer in layers if not layer.repeated]
+        return cls(
+            layers=len(layers), repeated=len(rep),
+            params_split=sum(x.params for x in split), params_kept=sum(x.params for x in kept),
+            largest_split=max((x.params for x in split), default=0),
+            largest_kept=max((x.params for x in kept), default=0),
+            flops_split=sum(x.flops for x in split), flops_kept=sum(x.flops for x in kept),
+            recompute_split=sum(x.flops for x in rep if x.split),
+            recompute_kept=sum(x.flops for x in rep if not x.split),
+            act_split=sum(x.act_split for x in layers), act_kept=sum(x.act_kept for x in layers),
+            act_split_other=sum(x.act_split for x in other),
+            act_kept_other=sum(x.act_kept for x in other),
+            boundaries=sum(x.boundary for x in rep),
+            block_split=max((x.act_split for x in rep), default=0.0),
+            block_kept=max((x.act_kept for x in rep), default=0.0),
+            tp_bytes=sum(x.tp_comm for x in split), tp_calls=sum(2 for x in split if x.tp_comm),
+            out_boundary=layers[-1].boundary)
+
+
+class CostModel:
+    """Estimates for one workload on one cluster; caches what every candidate shares."""
+
+    def __init__(self, workload: Workload, hardware: Hardware):
+        self.w, self.hw = workload, hardware
+        self.layers = workload.profile.layers
+        # balance stages by compute, with parameters weighing for layers that compute little
+        total_flops = sum(layer.flops for layer in self.layers) or 1.0
+        total_params = sum(layer.params for layer in self.layers) or 1
+        self.loads = tuple(layer.flops / total_flops + 0.2 * layer.params / total_params
+                           for layer in self.layers)
+        self._sums: dict[int, list[StageSums]] = {}
+
+    def stage_sums(self, pipeline: int) -> list[StageSums]:
+        if pipeline not in self._sums:
+            self._sums[pipeline] = [StageSums.of(self.layers[a:b])
+                                    for a, b in stages(self.loads, pipeline)]
+        return self._sums[pipeline]
+
+    def estimate(self, c: Candidate) -> Estimate:
+        per_stage = [self._stage(c, s, first=i == 0)
+                     for i, s in enumerate(self.stage_sums(c.pipeline))]
+        memory = max(per_stage, key=lambda s: sum(s[0].values()))[0]
+        slowest = max(per_stage, key=lambda s: s[1]["slot"])[1]
+        return Estimate(c, memory, self._step(c, slowest))
+
+    # -- one stage ---------------------------------------------------------------------
+    def _stage(self, c: Candidate, s: StageSums, first: bool):
+        w, t, shard = self.w, c.tensor, c.sharded
+        params = s.params_split / t + s.params_kept
+        memory = {
+            "parameters": params * w.weight_bytes / shard,
+            "gradients": params * w.weight_bytes / shard,
+            "optimizer_states": params * w.state_bytes / (c.data if c.optimizer_sharding
+                                                          else shard),
+        }
+        micro = w.global_batch / (c.data * c.microbatches)
+        memory["activations"] = self._activations(c, s, micro, first)
+        if shard > 1:  # prefetching keeps the next layers gathered while one computes
+            memory["gathered_parameters"] = 2 * max(s.largest_split / t, s.largest_kept) \
+                * w.weight_bytes
+        return memory, self._slot(c, s, micro, params)
+
+    def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:
+        t = c.tensor
+        if c.checkpointing:
+            per_sample = (s.act_split_other / t + s.act_kept_other + s.boundaries
+                          + s.block_split / t + s.block_kept)
+        else:
+            per_sample = s.act_split / t + s.act_kept
+        if c.pipeline == 1:
+            in_flight = 1
+        elif first:  # SMP's interleaved schedule keeps at most pipeline + 2 microbatches active
+            in_flight = min(c.microbatches, c.pipeline + 2)
+        else:
+            in_flight = min(c.microbatches, c.pipeline)
+        return per_sample * micro * self.w.activation_scale * in_flight
+
+    def _slot(self, c: Candidate, s: StageSums, micro: float, params: float) -> dict:
+        """Times of one microbatch's forward and backward on this stage, and step terms."""
+        hw, t = self.hw, c.tensor
+        flops = (s.flops_split / t + s.flops_kept) * micro
+        compute = 3 * flops / hw.flops + 3 * s.layers * hw.layer_overhead
+        recompute = 0.0
+        if c.checkpointing:
+            recompute = ((s.recompute_split / t + s.recompute_kept) * micro / hw.flops
+                         + s.repeated * hw.layer_overhead)
+        tp = 0.0
+        if t > 1:
+            passes = 3 if c.checkpointing else 2
+            tp_bytes = s.tp_bytes * micro * self.w.activation_scale
+            tp = passes * (allreduce_time(tp_bytes, t, hw.intra_bw, 0.0)
+                           + s.tp_calls * (t - 1) * hw.alpha_intra)
+        p2p = 0.0
+        if c.pipeline > 1:
+            nbytes = s.out_boundary * micro * self.w.activation_scale
+            crosses = c.tensor * c.pipeline > hw.gpus_per_host
+            bw = hw.net_bw / hw.gpus_per_host if crosses else hw.intra_bw
+            p2p = 2 * (nbytes / bw + (hw.alpha_net if crosses else hw.alpha_intra))
+        sharded = 0.0
+        if c.sharded > 1:
+            calls = 4 if c.checkpointing else 3  # gathers fwd, bwd (and recompute); scatter
+            bw = hw.intra_bw if c.sharded <= hw.gpus_per_host else hw.net_bw / hw.gpus_per_host
+            alpha = hw.alpha_intra if c.sharded <= hw.gpus_per_host else hw.alpha_net
+            sharded = calls * (gather_time(params * self.w.weight_bytes, c.sharded, bw, 0.0)
+                               + s.layers * (c.sharded - 1) * alpha)
+        backward = 2 * flops / hw.flops + 2 * s.layers * hw.layer_overhead
+        return {"slot": compute + recompute + tp + p2p, "compute": compute,
+                "recompute": recompute, "tp": tp, "p2p": p2p, "sharded": sharded,
+                "backward": backward, "params": params}
+
+    # -- the step ------------------------------------------------------------------------
+    def _step(self, c: Candidate, s: dict) -> dict:
+        hw, m, p = self.hw, c.microbatches, c.pipeline
+        slots = m + p - 1
+        exposed_sdp = max(0.0, s["sharded"] - hw.overlap * (s["compute"] + s["recompute"]))
+        time = {
+            "compute": m * s["compute"],
+            "recompute": m * s["recompute"],
+            "pipeline_bubble": (p - 1) * (s["compute"] + s["recompute"]),
+            "tensor_parallel": slots * s["tp"],
+            "pipeline_p2p": slots * s["p2p"],
+            "sharded_data_parallel": m * exposed_sdp,
+        }
+        dp = self._data_parallel(c, s["params"])
+        time["data_parallel"] = max(0.1 * dp, dp - hw.overlap * s["backward"])
+        time["optimizer"] = self._optimizer(c, s["params"])
+        return time
+
+    def _group_bandwidth(self, ranks: int, stride: int) -> tuple[float, float]:
+        """Bandwidth and latency of a group of ``ranks`` spaced ``stride`` apart."""
+        hw = self.hw
+        if ranks * stride <= hw.gpus_per_host:
+            return hw.intra_bw, hw.alpha_intra
+        return hw.net_bw / hw.gpus_per_host, hw.alpha_net
+
+    def _data_parallel(self, c: Candidate, params: float) -> float:
+        """All-reduce of one stage's gradients across the data-parallel replicas."""
+        hw = self.hw
+        replicas = c.data // c.sharded  # sharding groups reduce their shards across replicas
+        if replicas <= 1:
+            return 0.0
+        nbytes = params * self.w.weight_bytes / c.sharded
+        stride = c.tensor * c.pipeline * c.sharded
+        local = min(replicas, max(1, hw.gpus_per_host // stride))
+        hosts = max(1, replicas // local)
+        intra = allreduce_time(nbytes, local, hw.intra_bw, hw.alpha_intra)
+        inter = 0.0
+        if hosts > 1:  # every local rank's shard crosses the host's network at once
+            inter = (hw.gpus_per_host / local * 2 * (hosts - 1) / hosts * nbytes / hw.net_bw
+                     + 2 * (hosts - 1) * hw.alpha_net)
+        return intra + inter
+
+    def _optimizer(self, c: Candidate, params: float) -> float:
+        hw, w = self.hw, self.w
+        owned = params / (c.data if c.optimizer_sharding else c.sharded)
+        touched = owned * 2 * (2 * w.weight_bytes + w.state_bytes)  # read and write
+        gather = 0.0
+        if c.optimizer_sharding and c.data > 1:  # updated weights go back to every replica
+            bw, alpha = self._group_bandwidth(c.data, c.tensor * c.pipeline)
+            gather = gather_time(params * w.weight_bytes, c.data, bw, alpha)
+        return touched / hw.hbm + gather

@@ -1,0 +1,404 @@
+"""The strategy planner: which parallelism a model should train with, and why.
+
+:func:`plan_strategy` enumerates SMP v1's legal configurations for a cluster (tensor degree a
+power of two within a host and dividing the heads, pipeline degree at most the layers,
+sharded data parallelism dividing the data-parallel degree and only without pipelining,
+optimizer-state sharding only without it, microbatches dividing each replica's batch,
+activation checkpointing of the repeated blocks), prices each with :mod:`shoal.planning.costs`,
+drops those that do not fit in memory, and returns the fastest as a :class:`StrategyPlan`: the
+estimator's ``distribution``, the degrees, the predicted step time and memory term by term,
+and the runners-up with the reason each lost. No trial runs: the plan comes from the model.
+
+Plain data parallelism (Shoal's data-parallel library) is chosen whenever the model fits
+without the model-parallel library and it is the fastest. Activation checkpointing is not an
+SMP v1 ``distribution`` parameter: the plan carries it as ``SHOAL_ACTIVATION_CHECKPOINTING``
+in the job's environment, which Shoal's ``smp`` applies to the model's stack of blocks, and as
+the one-line script change for other images.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import attrs
+
+from shoal import frameworks
+from shoal.errors import ValidationError
+from shoal.planning import instances as instances_
+from shoal.planning.costs import (
+    GIB,
+    OPTIMIZER_STATE_BYTES,
+    PRECISIONS,
+    Candidate,
+    CostModel,
+    Estimate,
+    Hardware,
+    Workload,
+)
+from shoal.planning.models import ModelProfile
+
+CHECKPOINTING_ENV = "SHOAL_ACTIVATION_CHECKPOINTING"
+SCRIPT_CHANGE = ("smp.set_activation_checkpointing(block) for each block of the model's layer "
+                 "stack, after smp.DistributedModel(model)")
+PINS = ("data", "pipeline", "tensor", "sharded_data", "microbatches", "checkpointing",
+        "optimizer_sharding")
+SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
+                        "ml.p4de.24xlarge")
+RESERVED_GIB = 1.0  # CUDA context, NCCL buffers and allocator slack per device
+USABLE_FRACTION = 0.9
+
+
+@attrs.frozen
+class Calibration:
+    """Measured figures that replace the instance table's (``--calibrate``)."""
+
+    flops: float | None = None  # effective FLOP/s per device
+    layer_overhead: float | None = None
+    intra_bw: float | None = None
+    net_bw: float | None = None
+    alpha_intra: float | None = None
+    alpha_net: float | None = None
+    hbm: float | None = None
+    memory: float | None = None  # usable bytes per device
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Calibration:
+        unknown = sorted(set(data) - {f.name for f in attrs.fields(cls)})
+        if unknown:
+            raise ValidationError(f"unknown calibration key(s) {', '.join(unknown)}")
+        return cls(**{k: float(v) for k, v in data.items() if v is not None})
+
+
+@attrs.frozen
+class Constraints:
+    """What the user fixes or forbids."""
+
+    pins: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
+    processes_per_host: int | None = None
+    efficiency: float = 0.5  # achieved fraction of the GPUs' peak on the model's matmuls
+    layer_overhead: float = 60e-6  # seconds per layer and microbatch (launches, hooks)
+    max_microbatches: int = 64
+    alternatives: int = 4
+
+    def __attrs_post_init__(self):
+        unknown = sorted(set(self.pins) - set(PINS))
+        if unknown:
+            raise ValidationError(f"unknown pin(s) {', '.join(unknown)}; pins: "
+                                  f"{', '.join(PINS)}")
+        if not 0 < self.efficiency <= 1:
+            raise ValidationError(f"'efficiency' must be in (0, 1] (got {self.efficiency})")
+
+
+@attrs.frozen
+class StrategyPlan:
+    """The planner's answer."""
+
+    distribution: dict
+    degrees: dict
+    microbatches: int
+    activation_checkpointing: bool
+    predicted: dict
+    alternatives: list
+    reason: str
+    environment: dict
+    script_change: str | None
+    batch_per_rank: int
+    considered: int
+    plan_seconds: float
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+# -- hardware --------------------------------------------------------------------------------
+def hardware(instance_type: str, instance_count: int, precision: str,
+             constraints: Constraints = Constraints(),
+             calibration: Calibration | None = None) -> Hardware:
+    """The cluster's effective figures: the instance table's, or measured ones."""
+    spec = instances_.instance(instance_type)
+    per_host = constraints.processes_per_host or spec.gpus
+    if per_host > spec.gpus:
+        raise ValidationError(f"'processes_per_host' ({per_host}) must be <= the GPUs of "
+                              f"{instance_type} ({spec.gpus})")
+    figures = dict(
+        gpus_per_host=per_host, hosts=instance_count,
+        memory=(spec.memory_gib * USABLE_FRACTION - RESERVED_GIB) * GIB,
+        flops=spec.tflops(precision) * 1e12 * constraints.efficiency,
+        layer_overhead=constraints.layer_overhead, hbm=spec.hbm_gbps * 1e9 * 0.8,
+        intra_bw=spec.intra_gbps * 1e9, net_bw=spec.network_gbits / 8 * 1e9 * 0.8)
+    if calibration is not None:
+        figures.update({k: v for k, v in attrs.asdict(calibration).items() if v is not None})
+    return Hardware(**figures)
+
+
+# -- the search ------------------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(profile: ModelProfile, hw: Hardware, global_batch: int, pins=None,
+               *, model_parallel: bool = True, max_microbatches: int = 64):
+    """Every legal configuration of SMP v1 on ``hw`` (pins respected)."""
+    pins = dict(pins or {})
+    n, per_host = hw.devices, hw.gpus_per_host
+    tensors = [t for t in (1, 2, 4, 8, 16, 32) if t <= per_host and n % t == 0
+               and (profile.heads is None or profile.heads % t == 0)]
+    checkpoint = (False, True) if profile.blocks else (False,)
+    for t in tensors if model_parallel else [1]:
+        for p in _divisors(n // t) if model_parallel else [1]:
+            if p > len(profile.layers):
+                continue
+            d = n // (t * p)
+            if global_batch % d:
+                continue
+            per_replica = global_batch // d
+            for sdp in (_divisors(d) if p == 1 and model_parallel else [1]):
+                for oss in ((False, True) if d > 1 and sdp == 1 and model_parallel else (False,)):
+                    for m in _divisors(per_replica):
+                        if m > max_microbatches or (not model_parallel and m > 1):
+                            break
+                        for ckpt in checkpoint if model_parallel else (False,):
+                            c = Candidate(t, p, d, sdp, oss, m, ckpt)
+                            if _pinned(c, pins):
+                                yield c
+
+
+def _pinned(c: Candidate, pins: Mapping) -> bool:
+    values = {"data": c.data, "pipeline": c.pipeline, "tensor": c.tensor,
+              "sharded_data": c.sharded, "microbatches": c.microbatches,
+              "checkpointing": c.checkpointing, "optimizer_sharding": c.optimizer_sharding}
+    return all(values[k] == v for k, v in pins.items())
+
+
+def _plain(c: Candidate) -> bool:
+    """Runs without the model-parallel library (data parallelism alone)."""
+    return (c.tensor == c.pipeline == c.sharded == c.microbatches == 1
+            and not c.optimizer_sharding and not c.checkpointing)
+
+
+def _order(e: Estimate):
+    c = e.candidate
+    # ties go to fewer model-parallel ranks, then plainer features (Megatron's advice)
+    return (round(e.step_seconds, 9), c.model_parallel, c.sharded, c.checkpointing,
+            c.optimizer_sharding, c.microbatches)
+
+
+def plan_strategy(model, *, global_batch: int, instance_type: str, instance_count: int = 1,
+                  precision: str = "fp32", optimizer: str = "adam",
+                  sequence_length: int | None = None,
+                  constraints: Constraints | None = None,
+                  calibration: Calibration | None = None) -> StrategyPlan:
+    """The fastest legal configuration that fits, with its prediction and the runners-up."""
+    started = time.perf_counter()
+    constraints = constraints or Constraints()
+    profile = _profile(model, sequence_length)
+    _check_inputs(global_batch, instance_count, precision, optimizer)
+    hw = hardware(instance_type, instance_count, precision, constraints, calibration)
+    workload = Workload(profile, global_batch, precision, optimizer)
+    costs = CostModel(workload, hw)
+    # SageMaker runs neither smdistributed library on p5: data parallelism alone there
+    mp_allowed = not frameworks.is_p5_instance(instance_type)
+    found = [costs.estimate(c) for c in candidates(
+        profile, hw, global_batch, constraints.pins, model_parallel=mp_allowed,
+        max_microbatches=constraints.max_microbatches)]
+    if not found:
+        raise ValidationError(_no_candidate(profile, hw, global_batch, constraints.pins))
+    fitting = sorted((e for e in found if e.memory_bytes <= hw.memory), key=_order)
+    if not fitting:
+        raise ValidationError(_too_big(model, found, hw, global_batch, instance_type,
+                                       instance_count, precision, optimizer, constraints,
+                                       calibration, sequence_length))
+    best = fitting[0]
+    return _plan(best, fitting, found, hw, workload, instance_type, len(found),
+                 time.perf_counter() - started)
+
+
+def _profile(model, sequence_length) -> ModelProfile:
+    from shoal.planning import models
+
+    if isinstance(model, ModelProfile):
+        return model
+    if isinstance(model, models.TransformerSpec):
+        spec = model
+    elif isinstance(model, str) and model.startswith("transformer:"):
+        spec = models.parse_description(model)
+    elif isinstance(model, Mapping):
+        spec = models.from_mapping(dict(model))
+    else:
+        raise ValidationError(f"model must be a transformer description, a TransformerSpec or "
+                              f"a ModelProfile (got {type(model).__name__})")
+    if sequence_length is not None:
+        spec = attrs.evolve(spec, seq=sequence_length)
+    return spec.profile()
+
+
+def _check_inputs(global_batch, instance_count, precision, optimizer) -> None:
+    for name, value in (("global_batch", global_batch), ("instance_count", instance_count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValidationError(f"'{name}' must be an int >= 1 (got {value!r})")
+    if precision not in PRECISIONS:
+        raise ValidationError(f"'precision' must be one of {', '.join(PRECISIONS)} "
+                              f"(got {precision!r})")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValidationError(f"'optimizer' must be one of {', '.join(OPTIMIZER_STATE_BYTES)} "
+                              f"(got {optimizer!r})")
+
+
+def _no_candidate(profile, hw: Hardware, global_batch: int, pins) -> str:
+    n = hw.devices
+    if global_batch < n and not pins:
+        return (f"global batch {global_batch} is smaller than every data-parallel degree the "
+                f"{n} devices allow with model parallelism; raise --global-batch to a multiple "
+                "of the data-parallel degree, or use fewer instances")
+    pinned = f" with {', '.join(f'{k}={v}' for k, v in pins.items())}" if pins else ""
+    return (f"no legal configuration of {n} devices for global batch {global_batch}{pinned}: "
+            f"the data-parallel degree (devices / (tensor x pipeline)) must divide the batch"
+            + ("; drop or change the pins" if pins else ""))
+
+
+def _too_big(model, found, hw, global_batch, instance_type, count, precision, optimizer,
+             constraints, calibration, sequence_length) -> str:
+    least = min(found, key=lambda e: e.memory_bytes)
+    message = (f"the model does not fit on {count} x {instance_type}: the leanest legal "
+               f"configuration ({describe(least.candidate)}) needs "
+               f"{least.memory_bytes / GIB:.1f} GiB per device, {hw.memory / GIB:.1f} GiB "
+               "usable")
+    for bigger in (2, 4, 8, 16, 32, 64, 128):
+        try:
+            plan_strategy(model, global_batch=global_batch, instance_type=instance_type,
+                          instance_count=count * bigger, precision=precision,
+                          optimizer=optimizer, sequence_length=sequence_length,
+                          constraints=attrs.evolve(constraints, pins={}),
+                          calibration=calibration)
+        except ValidationError:
+            continue
+        return message + f"; the smallest cluster that fits is {count * bigger} x {instance_type}"
+    return message + "; no cluster up to 128x this size fits: use 16-bit precision or a " \
+                     "larger-memory instance type"
+
+
+# -- the answer ------------------------------------------------------------------------------
+def describe(c: Candidate) -> str:
+    parts = [f"data {c.data}"]
+    if c.tensor > 1:
+        parts.append(f"tensor {c.tensor}")
+    if c.pipeline > 1:
+        parts.append(f"pipeline {c.pipeline}")
+    if c.sharded > 1:
+        parts.append(f"sharded data {c.sharded}")
+    if c.optimizer_sharding:
+        parts.append("optimizer-state sharding")
+    if c.microbatches > 1:
+        parts.append(f"{c.microbatches} microbatches")
+    if c.checkpointing:
+        parts.append("activation checkpointing")
+    return ", ".join(parts)
+
+
+def distribution(c: Candidate, hw: Hardware, precision: str, instance_type: str) -> dict:
+    """The estimator's ``distribution`` for a candidate."""
+    if _plain(c):
+        if instance_type in SMDDP_INSTANCE_TYPES:
+            return {"smdistributed": {"dataparallel": {"enabled": True}}}
+        if frameworks.is_p5_instance(instance_type):
+            return {"torch_distributed": {"enabled": True}}
+        return {"pytorchddp": {"enabled": True}}
+    params: dict = {"pipeline_parallel_degree": c.pipeline, "microbatches": c.microbatches,
+                    "placement_strategy": "cluster", "ddp": True}
+    if c.pipeline > 1:
+        params["pipeline"] = "interleaved"
+    if c.tensor > 1:
+        params["tensor_parallel_degree"] = c.tensor
+        params["prescaled_batch"] = True  # a tensor-parallel group shares its ranks' batch
+    if c.sharded > 1:
+        params["sharded_data_parallel_degree"] = c.sharded
+    if c.optimizer_sharding:
+        params["shard_optimizer_state"] = True
+    if precision in ("fp16", "bf16"):
+        params[precision] = True
+    return {"smdistributed": {"modelparallel": {"enabled": True, "parameters": params}},
+            "mpi": {"enabled": True, "processes_per_host": hw.gpus_per_host}}
+
+
+def _degrees(c: Candidate) -> dict:
+    return {"data": c.data, "pipeline": c.pipeline, "tensor": c.tensor,
+            "sharded_data": c.sharded}
+
+
+def _predicted(e: Estimate, workload: Workload, hw: Hardware) -> dict:
+    step = e.step_seconds
+    model_flops = 3 * workload.profile.flops * workload.global_batch
+    return {"step_seconds": step, "samples_per_second": workload.global_batch / step,
+            "tflops_per_device": model_flops / step / hw.devices / 1e12,
+            "memory_gib_per_device": e.memory_bytes / GIB,
+            "memory_gib_usable": hw.memory / GIB,
+            "memory_gib": {k: v / GIB for k, v in e.memory.items()},
+            "seconds": dict(e.time)}
+
+
+def _why_lost(e: Estimate, best: Estimate, hw: Hardware) -> str:
+    if e.memory_bytes > hw.memory:
+        return (f"does not fit: {e.memory_bytes / GIB:.1f} GiB per device > "
+                f"{hw.memory / GIB:.1f} GiB usable")
+    worse = {k: e.time[k] - best.time.get(k, 0.0) for k in e.time}
+    term = max(worse, key=worse.get)
+    slower = e.step_seconds / best.step_seconds - 1
+    if slower <= 1e-9:
+        return "as fast by the model; the pick uses fewer model-parallel ranks or features"
+    return (f"{slower:.0%} slower: {term.replace('_', ' ')} "
+            f"+{worse[term] * 1000:.1f} ms per step")
+
+
+def _family(c: Candidate) -> str:
+    if _plain(c):
+        return "data"
+    if c.sharded > 1:
+        return "sharded"
+    return f"t{c.tensor}p{c.pipeline}"
+
+
+def _alternatives(best, fitting, found, hw, workload, limit: int) -> list:
+    chosen, families = [], {_family(best.candidate)}
+    for e in fitting[1:]:  # the best of each other family, then the nearest runners-up
+        if _family(e.candidate) not in families:
+            families.add(_family(e.candidate))
+            chosen.append(e)
+    for e in fitting[1:]:
+        if len(chosen) >= limit + 2:
+            break
+        if e not in chosen:
+            chosen.append(e)
+    plain = [e for e in found if _plain(e.candidate) and e.memory_bytes > hw.memory]
+    if plain and not _plain(best.candidate):  # say why plain data parallelism is not enough
+        chosen.append(min(plain, key=lambda e: e.memory_bytes))
+    chosen = sorted(chosen, key=_order)[:limit + 1]
+    return [{"degrees": _degrees(e.candidate), "microbatches": e.candidate.microbatches,
+             "activation_checkpointing": e.candidate.checkpointing,
+             "optimizer_sharding": e.candidate.optimizer_sharding,
+             "description": describe(e.candidate),
+             "predicted": {"step_seconds": e.step_seconds,
+                           "memory_gib_per_device": e.memory_bytes / GIB},
+             "lost_because": _why_lost(e, best, hw)} for e in chosen]
+
+
+def _plan(best: Estimate, fitting, found, hw, workload, instance_type, considered,
+          seconds) -> StrategyPlan:
+    c = best.candidate
+    predicted = _predicted(best, workload, hw)
+    dist = distribution(c, hw, workload.precision, instance_type)
+    alternatives = _alternatives(best, fitting, found, hw, workload, 4)
+    reason = (f"{describe(c)}: the fastest of {len(fitting)} configurations that fit "
+              f"({len(found) - len(fitting)} of {len(found)} do not), "
+              f"{predicted['memory_gib_per_device']:.1f} of {hw.memory / GIB:.1f} GiB per "
+              f"device, {predicted['step_seconds']:.3f} s per step")
+    if alternatives:
+        reason += f"; next: {alternatives[0]['description']} ({alternatives[0]['lost_because']})"
+    per_rank = workload.global_batch // c.data
+    return StrategyPlan(
+        distribution=dist, degrees=_degrees(c), microbatches=c.microbatches,
+        activation_checkpointing=c.checkpointing, predicted=predicted,
+        alternatives=alternatives, reason=reason,
+        environment={CHECKPOINTING_ENV: "blocks"} if c.checkpointing else {},
+        script_change=SCRIPT_CHANGE if c.checkpointing else None,
+        batch_per_rank=per_rank, considered=considered, plan_seconds=seconds)

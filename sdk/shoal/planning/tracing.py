@@ -1,0 +1,212 @@
+"""A PyTorch model's profile for the planner, read by building and running it on the meta device.
+
+``my_model.py:build`` names a factory returning an ``nn.Module``. The factory runs under
+``torch.device("meta")``, so no weight is allocated, and one forward with a sample input of the
+given shape is traced: torch's ``FlopCounterMode`` counts the FLOPs, a saved-tensors hook the
+bytes autograd keeps for the backward, forward hooks each block's output. The model's layers
+are its main stack of identical blocks (the ``ModuleList`` or ``nn.Sequential`` of one class
+holding the most parameters), with what runs before and after it as two more layers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from shoal.errors import ValidationError
+from shoal.planning.models import Layer, ModelProfile
+
+
+def load_factory(spec: str):
+    """The callable ``path.py:name`` names (the file is imported as a module)."""
+    path, sep, name = str(spec).rpartition(":")
+    if not sep or not path.endswith(".py") or not name.isidentifier():
+        raise ValidationError(f"model factory {spec!r} must be written file.py:function "
+                              "(a function returning an nn.Module)")
+    if not os.path.isfile(path):
+        raise ValidationError(f"model factory file {path!r} does not exist")
+    module_spec = importlib.util.spec_from_file_location("_shoal_model_factory", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise ValidationError(f"{path!r} has no function {name!r}")
+    return factory
+
+
+def main_stack(model):
+    """The (name, children) of the model's stack of identical blocks, or None."""
+    import torch
+
+    best, best_params = None, 0
+    for name, module in model.named_modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1:
+            continue
+        params = sum(p.numel() for c in children for p in c.parameters())
+        if params > best_params:
+            best, best_params = (name, children), params
+    return best
+
+
+def profile_factory(spec: str, sample_shape, *, name: str | None = None) -> ModelProfile:
+    """Build ``spec``'s model on the meta device and profile it with a sample input."""
+    import torch
+
+    factory = load_factory(spec)
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise ValidationError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
+    return profile_module(model, sample_shape, name=name or spec)
+
+
+def _sample(model, shape):
+    import torch
+
+    shape = tuple(int(d) for d in shape)
+    if not shape or min(shape) < 1:
+        raise ValidationError(f"sample input shape {shape} must be positive integers, batch "
+                              "first (for example 8,3,224,224)")
+    first = next((m for m in model.modules() if not list(m.children())), None)
+    if isinstance(first, torch.nn.Embedding):
+        return torch.zeros(shape, dtype=torch.long, device="meta")
+    return torch.zeros(shape, device="meta")
+
+
+def _bytes16(tensor) -> float:
+    """Bytes at 16-bit precision (the profile's unit) for floating tensors, else as stored."""
+    size = 2 if tensor.is_floating_point() else tensor.element_size()
+    return float(tensor.numel() * size)
+
+
+class _Trace:
+    """Per-layer tallies while one forward runs."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+        self.current = "prologue"
+        self.flops, self.saved, self.boundary, self.tp = {}, {}, {}, {}
+        self.counter = None
+        self.mark = 0.0
+
+    def total(self) -> float:
+        return float(sum(self.counter.get_flop_counts().get("Global", {}).values()))
+
+    def switch(self, to: str) -> None:
+        now = self.total()
+        self.flops[self.current] = self.flops.get(self.current, 0.0) + now - self.mark
+        self.mark, self.current = now, to
+
+
+def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
+    """The profile of a (meta) ``model`` for one sample input of ``sample_shape``."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    stack = main_stack(model)
+    blocks = stack[1] if stack else []
+    trace = _Trace(blocks)
+    param_ids = {id(p) for p in model.parameters()}
+    handles = []
+    for index, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(
+            lambda _m, _a, i=index: trace.switch(f"block{i}")))
+        handles.append(block.register_forward_hook(lambda _m, _a, out, i=index: _leave(
+            trace, f"block{i}", out)))
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            handles.append(module.register_forward_hook(lambda _m, _a, out: _tp(trace, out)))
+
+    def pack(tensor):
+        base = tensor._base if tensor._base is not None else tensor  # weights saved as views
+        if id(base) not in param_ids:
+            trace.saved[trace.current] = trace.saved.get(trace.current, 0.0) + _bytes16(tensor)
+        return tensor
+
+    x = _sample(model, sample_shape)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                FlopCounterMode(display=False) as counter:
+            trace.counter = counter
+            out = model(x)
+            trace.switch("done")
+    except Exception as exc:  # the user's model: say which input it refused
+        raise ValidationError(f"{name}: one forward on the meta device with a sample input of "
+                              f"shape {tuple(x.shape)} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return _profile(model, name, stack, trace, x.shape[0], out)
+
+
+def _leave(trace: _Trace, name: str, out) -> None:
+    trace.switch("epilogue")
+    tensors = [out] if hasattr(out, "numel") else [t for t in _flat(out) if hasattr(t, "numel")]
+    trace.boundary[name] = sum(_bytes16(t) for t in tensors)
+
+
+def _tp(trace: _Trace, out) -> None:
+    if hasattr(out, "numel"):
+        trace.tp[trace.current] = trace.tp.get(trace.current, 0.0) + _bytes16(out)
+
+
+def _flat(value):
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _flat(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flat(item)
+    else:
+        yield value
+
+
+def _profile(model, name, stack, trace: _Trace, batch: int, out) -> ModelProfile:
+    import torch
+
+    blocks = trace.blocks
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    other = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in in_blocks)
+    layers = []
+    if blocks:
+        layers.append(_layer(trace, "prologue", other, batch, boundary=trace.boundary.get(
+            "block0", 0.0) / batch))
+        for i, block in enumerate(blocks):
+            params = sum(p.numel() for p in block.parameters() if p.requires_grad)
+            layers.append(_layer(trace, f"block{i}", params, batch, repeated=True,
+                                 split=_has_linear(block), boundary=trace.boundary[f"block{i}"]
+                                 / batch))
+        layers.append(_layer(trace, "epilogue", 0, batch, boundary=_out_bytes(out) / batch))
+    else:  # no stack: the whole model is one layer
+        layers.append(_layer(trace, "prologue", other, batch, boundary=_out_bytes(out) / batch,
+                             split=_has_linear(model)))
+    layers = [layer for layer in layers if layer.params or layer.flops or layer.repeated]
+    return ModelProfile(name, layers, description={"factory": name, "stack": stack[0] if stack
+                                                   else None, "blocks": len(blocks),
+                                                   "torch": torch.__version__})
+
+
+def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True) -> Layer:
+    saved = trace.saved.get(key, 0.0) / batch
+    return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=saved if split
+                 else 0.0, act_kept=0.0 if split else saved, boundary=boundary,
+                 tp_comm=trace.tp.get(key, 0.0) / batch if split else 0.0, split=split,
+                 repeated=repeated)
+
+
+def _has_linear(module) -> bool:
+    import torch
+
+    return any(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in module.modules())
+
+
+def _out_bytes(out) -> float:
+    return sum(_bytes16(t) for t in _flat(out) if hasattr(t, "numel"))

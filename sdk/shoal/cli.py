@@ -468,6 +468,9 @@ def _mount_advice_commands() -> None:
 
     cli.add_command(advise, name="advise")
     cli.add_command(plan, name="plan")
+    from .strategy_commands import strategy
+
+    plan.add_command(strategy, name="strategy")
 
 
 _mount_advice_commands()

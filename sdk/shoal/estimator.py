@@ -385,6 +385,9 @@ class Framework(EstimatorBase):
         self.py_version = py_version
         super().__init__(entry_point=entry_point, source_dir=source_dir,
                          hyperparameters=hyperparameters, **kwargs)
+        if isinstance(distribution, str):  # "auto" is shoal.PyTorch's, which takes it first
+            limits.fail("distribution", "must be a dict ('auto' plans one for shoal.PyTorch)",
+                        distribution)
         self.distribution = dict(distribution or {})
         self.distribution_config = self._parse_distribution()
 

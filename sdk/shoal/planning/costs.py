@@ -18,8 +18,9 @@ Time (seconds per step):
 * the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage;
 * tensor parallelism's all-reduces (not overlapped), pipeline sends between stages;
 * the data-parallel all-reduce of gradients (hierarchical: inside hosts, then between them),
-  hidden behind the backward up to ``overlap``; sharded data parallelism's gathers and
-  reduce-scatters, hidden behind compute up to ``overlap``;
+  behind the backward, and sharded data parallelism's gathers and reduce-scatters, behind
+  compute: at most ``overlap`` of a collective hides behind the computation running beside it
+  (it still competes for memory bandwidth and launches), the rest is exposed;
 * the optimizer step, bound by memory bandwidth.
 
 Collectives follow the alpha-beta model: a ring over ``n`` ranks moves ``2 (n - 1) / n`` of the
@@ -57,7 +58,7 @@ class Hardware:
     net_bw: float  # bytes/s per host
     alpha_intra: float = 10e-6
     alpha_net: float = 30e-6
-    overlap: float = 0.8  # of data-parallel communication hidden behind the backward
+    overlap: float = 0.8  # the most of a collective that computation beside it can hide
 
     @property
     def devices(self) -> int:
@@ -291,35 +292,42 @@ class CostModel:
             crosses = c.tensor * c.pipeline > hw.gpus_per_host
             bw = hw.net_bw / hw.gpus_per_host if crosses else hw.intra_bw
             p2p = 2 * (nbytes / bw + (hw.alpha_net if crosses else hw.alpha_intra))
-        sharded = 0.0
+        sharded = sharded_fixed = 0.0
         if c.sharded > 1:
             calls = 4 if c.checkpointing else 3  # gathers fwd, bwd (and recompute); scatter
             bw = hw.intra_bw if c.sharded <= hw.gpus_per_host else hw.net_bw / hw.gpus_per_host
             alpha = hw.alpha_intra if c.sharded <= hw.gpus_per_host else hw.alpha_net
             sharded = calls * (gather_time(params * self.w.weight_bytes, c.sharded, bw, 0.0)
                                + s.layers * (c.sharded - 1) * alpha)
+            # each layer's gather and release is host work no prefetching hides
+            sharded_fixed = calls * s.layers * hw.layer_overhead / 3
         backward = 2 * flops / hw.flops + 2 * s.layers * hw.layer_overhead
         return {"slot": compute + recompute + tp + p2p, "compute": compute,
                 "recompute": recompute, "tp": tp, "p2p": p2p, "sharded": sharded,
+                "sharded_fixed": sharded_fixed,
                 "backward": backward, "params": params}
 
     # -- the step ------------------------------------------------------------------------
     def _step(self, c: Candidate, s: dict) -> dict:
-        hw, m, p = self.hw, c.microbatches, c.pipeline
+        m, p = c.microbatches, c.pipeline
         slots = m + p - 1
-        exposed_sdp = max(0.0, s["sharded"] - hw.overlap * (s["compute"] + s["recompute"]))
+        exposed_sdp = self.exposed(s["sharded"], s["compute"] + s["recompute"])
         time = {
             "compute": m * s["compute"],
             "recompute": m * s["recompute"],
             "pipeline_bubble": (p - 1) * (s["compute"] + s["recompute"]),
             "tensor_parallel": slots * s["tp"],
             "pipeline_p2p": slots * s["p2p"],
-            "sharded_data_parallel": m * exposed_sdp,
+            "sharded_data_parallel": m * (exposed_sdp + s["sharded_fixed"]),
         }
         dp = self._data_parallel(c, s["params"])
-        time["data_parallel"] = max(0.1 * dp, dp - hw.overlap * s["backward"])
+        time["data_parallel"] = self.exposed(dp, s["backward"])
         time["optimizer"] = self._optimizer(c, s["params"])
         return time
+
+    def exposed(self, comm: float, window: float) -> float:
+        """What of ``comm`` seconds of communication computation lasting ``window`` leaves."""
+        return comm - min(self.hw.overlap * comm, window)
 
     def _group_bandwidth(self, ranks: int, stride: int) -> tuple[float, float]:
         """Bandwidth and latency of a group of ``ranks`` spaced ``stride`` apart."""

@@ -91,4 +91,19 @@ def instance(instance_type: str) -> Instance:
     raise ValidationError(
         f"unknown GPU instance type {instance_type!r}{hint} The planner knows "
         f"{', '.join(sorted({i.name.rsplit('.', 1)[0] + '.*' for i in INSTANCES.values()}))}; "
-        "for another machine, describe it with --calibrate")
+        "for another machine, give measured figures with --calibration")
+
+
+LOCAL_INSTANCE_TYPES = ("local", "local_gpu")
+
+
+def local_machine(processes: int) -> Instance:
+    """This machine as ``processes`` CPU ranks (local mode): memory shared between them.
+
+    The speeds are conservative CPU figures; a calibration replaces them with measured ones.
+    """
+    import psutil
+
+    memory_gib = psutil.virtual_memory().total / 1024**3 * 0.8 / processes
+    return Instance("local", processes, "cpu", memory_gib, fp32_tflops=0.05, half_tflops=0.05,
+                    hbm_gbps=10, intra_gbps=2, network_gbits=10, nvlink=False)

@@ -141,11 +141,13 @@ def _nearest_divisor(n: int, near: int) -> int:
 
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
          "kv_heads": int, "tied": bool, "gated": bool, "flash": bool}
-_KEY_ALIASES = {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
-                "sequence_length": "seq", "seq_len": "seq", "vocab_size": "vocab",
+KEY_ALIASES = {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
+                "sequence_length": "seq", "seq_len": "seq", "seq_length": "seq",
+                "vocab_size": "vocab",
                 "num_attention_heads": "heads", "n_layer": "layers", "n_embd": "hidden",
                 "n_head": "heads", "intermediate_size": "ffn", "num_key_value_heads": "kv_heads",
-                "tied_embeddings": "tied"}
+                "tied_embeddings": "tied", "num_hidden_layers": "layers",
+                "hidden_width": "hidden", "max_context_width": "seq"}  # HF's and SMP examples
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -160,7 +162,7 @@ def parse_description(text: str) -> TransformerSpec:
     values = {}
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, sep, value = item.partition("=")
-        key = _KEY_ALIASES.get(key.strip(), key.strip())
+        key = KEY_ALIASES.get(key.strip(), key.strip())
         if not sep or key not in _KEYS:
             close = difflib.get_close_matches(key, list(_KEYS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -172,7 +174,7 @@ def parse_description(text: str) -> TransformerSpec:
 
 def from_mapping(values: dict, source: str = "model description") -> TransformerSpec:
     """A :class:`TransformerSpec` from a dict (the estimator's ``model_description``)."""
-    values = {_KEY_ALIASES.get(k, k): v for k, v in values.items()}
+    values = {KEY_ALIASES.get(k, k): v for k, v in values.items()}
     missing = [k for k in ("layers", "hidden", "heads", "seq", "vocab") if k not in values]
     if missing:
         raise ValidationError(f"{source} lacks {', '.join(missing)} (a transformer needs "

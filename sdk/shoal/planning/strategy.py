@@ -80,6 +80,9 @@ class Constraints:
     layer_overhead: float = 60e-6  # seconds per layer and microbatch (launches, hooks)
     max_microbatches: int = 64
     alternatives: int = 4
+    # the model-parallel library must beat plain data parallelism by this much to be chosen:
+    # its per-step work (splitting microbatches, hooks, tracing) is not in the cost model
+    library_margin: float = 0.05
 
     def __attrs_post_init__(self):
         unknown = sorted(set(self.pins) - set(PINS))
@@ -116,7 +119,10 @@ def hardware(instance_type: str, instance_count: int, precision: str,
              constraints: Constraints = Constraints(),
              calibration: Calibration | None = None) -> Hardware:
     """The cluster's effective figures: the instance table's, or measured ones."""
-    spec = instances_.instance(instance_type)
+    if instance_type in instances_.LOCAL_INSTANCE_TYPES:
+        spec = instances_.local_machine(constraints.processes_per_host or 1)
+    else:
+        spec = instances_.instance(instance_type)
     per_host = constraints.processes_per_host or spec.gpus
     if per_host > spec.gpus:
         raise ValidationError(f"'processes_per_host' ({per_host}) must be <= the GPUs of "
@@ -209,9 +215,20 @@ def plan_strategy(model, *, global_batch: int, instance_type: str, instance_coun
         raise ValidationError(_too_big(model, found, hw, global_batch, instance_type,
                                        instance_count, precision, optimizer, constraints,
                                        calibration, sequence_length))
-    best = fitting[0]
+    best = _prefer_plain(fitting, constraints.library_margin)
     return _plan(best, fitting, found, hw, workload, instance_type, len(found),
                  time.perf_counter() - started)
+
+
+def _prefer_plain(fitting: list, margin: float) -> Estimate:
+    """The fastest, unless plain data parallelism is within ``margin`` of it."""
+    best = fitting[0]
+    plain = next((e for e in fitting if _plain(e.candidate)), None)
+    if plain is not None and plain.step_seconds <= best.step_seconds * (1 + margin):
+        fitting.remove(plain)
+        fitting.insert(0, plain)
+        return plain
+    return best
 
 
 def _profile(model, sequence_length) -> ModelProfile:
@@ -260,6 +277,11 @@ def _no_candidate(profile, hw: Hardware, global_batch: int, pins) -> str:
 def _too_big(model, found, hw, global_batch, instance_type, count, precision, optimizer,
              constraints, calibration, sequence_length) -> str:
     least = min(found, key=lambda e: e.memory_bytes)
+    if frameworks.is_p5_instance(instance_type):
+        return (f"the model does not fit on {instance_type} with data parallelism alone "
+                f"({least.memory_bytes / GIB:.1f} GiB per device, {hw.memory / GIB:.1f} GiB "
+                "usable), and SageMaker runs neither smdistributed library on p5 instances: "
+                "use ml.p4de.24xlarge for model parallelism")
     message = (f"the model does not fit on {count} x {instance_type}: the leanest legal "
                f"configuration ({describe(least.candidate)}) needs "
                f"{least.memory_bytes / GIB:.1f} GiB per device, {hw.memory / GIB:.1f} GiB "
@@ -345,6 +367,9 @@ def _why_lost(e: Estimate, best: Estimate, hw: Hardware) -> str:
     term = max(worse, key=worse.get)
     slower = e.step_seconds / best.step_seconds - 1
     if slower <= 1e-9:
+        if _plain(best.candidate):
+            return (f"{-slower:.0%} faster by the model, within the margin that keeps plain "
+                    "data parallelism (no model-parallel library)")
         return "as fast by the model; the pick uses fewer model-parallel ranks or features"
     return (f"{slower:.0%} slower: {term.replace('_', ' ')} "
             f"+{worse[term] * 1000:.1f} ms per step")
@@ -388,7 +413,10 @@ def _plan(best: Estimate, fitting, found, hw, workload, instance_type, considere
     predicted = _predicted(best, workload, hw)
     dist = distribution(c, hw, workload.precision, instance_type)
     alternatives = _alternatives(best, fitting, found, hw, workload, 4)
-    reason = (f"{describe(c)}: the fastest of {len(fitting)} configurations that fit "
+    how = ("plain data parallelism, within the library margin of the fastest"
+           if _plain(c) and fitting[1:] and fitting[1].step_seconds < best.step_seconds
+           else "the fastest")
+    reason = (f"{describe(c)}: {how} of {len(fitting)} configurations that fit "
               f"({len(found) - len(fitting)} of {len(found)} do not), "
               f"{predicted['memory_gib_per_device']:.1f} of {hw.memory / GIB:.1f} GiB per "
               f"device, {predicted['step_seconds']:.3f} s per step")

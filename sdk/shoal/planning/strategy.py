@@ -407,11 +407,22 @@ def _alternatives(best, fitting, found, hw, workload, limit: int) -> list:
              "lost_because": _why_lost(e, best, hw)} for e in chosen]
 
 
+def _check_legal(dist: dict, hw: Hardware) -> None:
+    """The runtime's own rules (``smp.init``), so that no plan can fail at start."""
+    from shoal.modelparallel import config as smp_config
+
+    section = dist.get("smdistributed", {}).get("modelparallel")
+    if section:
+        cfg = smp_config.resolve(section["parameters"], environ={})
+        smp_config.validate_world(cfg, hw.devices, hw.gpus_per_host)
+
+
 def _plan(best: Estimate, fitting, found, hw, workload, instance_type, considered,
           seconds) -> StrategyPlan:
     c = best.candidate
     predicted = _predicted(best, workload, hw)
     dist = distribution(c, hw, workload.precision, instance_type)
+    _check_legal(dist, hw)
     alternatives = _alternatives(best, fitting, found, hw, workload, 4)
     how = ("plain data parallelism, within the library margin of the fastest"
            if _plain(c) and fitting[1:] and fitting[1].step_seconds < best.step_seconds

@@ -1,0 +1,212 @@
+"""The cost model: collectives, stage balancing, memory per term and step time per term."""
+
+import itertools
+import random
+
+import pytest
+from shoal.planning.costs import (
+    Candidate,
+    CostModel,
+    Hardware,
+    Workload,
+    allreduce_time,
+    gather_time,
+    stages,
+)
+from shoal.planning.models import Layer, ModelProfile, TransformerSpec
+
+GIB = 1024**3
+
+
+def hardware(**overrides):
+    figures = dict(gpus_per_host=8, hosts=2, memory=80 * GIB, flops=100e12, layer_overhead=0.0,
+                   hbm=2e12, intra_bw=200e9, net_bw=50e9, overlap=0.0)
+    return Hardware(**{**figures, **overrides})
+
+
+def uniform(n=8, params=1_000_000, flops=1e9, act=1e6, tp_comm=4e4, split=True):
+    """``n`` identical repeated layers, so every pipeline stage is the same."""
+    layer = Layer("block", params, flops, act_split=act if split else 0.0,
+                  act_kept=0.0 if split else act, boundary=1e4, tp_comm=tp_comm,
+                  split=split, repeated=True)
+    return ModelProfile("uniform", [layer] * n)
+
+
+def model(profile=None, precision="fp16", batch=64, optimizer="adam", **hw):
+    return CostModel(Workload(profile or uniform(), batch, precision, optimizer), hardware(**hw))
+
+
+def states(estimate):
+    m = estimate.memory
+    return m["parameters"] + m["gradients"] + m["optimizer_states"]
+
+
+# -- collectives -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_ring_collectives_follow_the_alpha_beta_model(n):
+    nbytes, bw, alpha = 3e9, 100e9, 5e-6
+    assert allreduce_time(nbytes, n, bw, alpha) == pytest.approx(
+        2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha)
+    assert gather_time(nbytes, n, bw, alpha) == pytest.approx(
+        (n - 1) / n * nbytes / bw + (n - 1) * alpha)
+
+
+def test_one_rank_or_nothing_to_send_costs_nothing():
+    assert allreduce_time(1e9, 1, 1e9, 1e-5) == 0.0
+    assert gather_time(1e9, 1, 1e9, 1e-5) == 0.0
+    assert allreduce_time(0, 8, 1e9, 1e-5) == 0.0
+
+
+# -- stages ----------------------------------------------------------------------------------
+
+def best_split(loads, parts):
+    """The least maximum stage load over every contiguous split (brute force)."""
+    n = len(loads)
+    return min(max(sum(loads[a:b]) for a, b in zip((0, *cuts), (*cuts, n)))
+               for cuts in itertools.combinations(range(1, n), parts - 1))
+
+
+_RNG = random.Random(7)
+CASES = [(tuple(_RNG.choice([0, 1, 2, 3, 5, 8, 13]) for _ in range(n)), parts)
+         for n in (6, 7, 8) for parts in (2, 3) for _ in range(4)]
+CASES += [((1, 1, 1, 1, 1, 10), 3), ((10, 1, 1, 1, 1, 1, 1), 2), ((0, 0, 0, 0, 0, 7), 3),
+          ((4, 4, 4, 4, 4, 4, 4, 4), 3)]
+
+
+@pytest.mark.parametrize("loads, parts", CASES)
+def test_stages_are_contiguous_and_as_balanced_as_any_split(loads, parts):
+    ranges = stages(loads, parts)
+    assert len(ranges) == parts
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(loads)
+    assert all(a < b for a, b in ranges)  # none empty
+    assert all(prev[1] == nxt[0] for prev, nxt in zip(ranges, ranges[1:]))
+    worst = max(sum(loads[a:b]) for a, b in ranges)
+    assert worst <= best_split(loads, parts) * (1 + 1e-9)
+
+
+def test_as_many_parts_as_loads_gives_one_layer_each():
+    assert stages((3.0, 1.0, 2.0), 3) == ((0, 1), (1, 2), (2, 3))
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+def test_mixed_precision_adam_keeps_16_bytes_per_parameter():
+    profile = uniform()
+    estimate = model(profile).estimate(Candidate(1, 1, 1))
+    # ZeRO section 3.1: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, two moments)
+    assert states(estimate) == 16 * profile.params
+    assert estimate.memory["parameters"] == 2 * profile.params
+    assert "gathered_parameters" not in estimate.memory
+
+
+def test_fp32_adam_keeps_weights_grads_and_two_moments():
+    profile = uniform()
+    estimate = model(profile, precision="fp32").estimate(Candidate(1, 1, 1))
+    assert states(estimate) == (4 + 4 + 8) * profile.params
+
+
+def test_optimizer_state_sharding_is_zero_1():
+    profile = uniform()
+    estimate = model(profile).estimate(Candidate(1, 1, 8, optimizer_sharding=True))
+    assert states(estimate) == pytest.approx(4 * profile.params + 12 * profile.params / 8)
+
+
+def test_sharded_data_parallelism_is_zero_3():
+    profile = uniform()
+    estimate = model(profile).estimate(Candidate(1, 1, 8, sharded=8))
+    assert states(estimate) == pytest.approx(16 * profile.params / 8)
+    assert estimate.memory["gathered_parameters"] > 0  # the live window of prefetched layers
+
+
+def test_tensor_parallelism_halves_only_the_layers_it_splits():
+    split = Layer("block", 3_000_000, 1e9, 1e6, 0.0, 1e4, 4e4, split=True, repeated=True)
+    kept = Layer("norm", 500_000, 1e6, 0.0, 1e5, 1e4)
+    profile = ModelProfile("mixed", [split, split, kept])
+    one = model(profile).estimate(Candidate(1, 1, 1))
+    two = model(profile).estimate(Candidate(2, 1, 1))
+    assert one.memory["parameters"] == 2 * (2 * 3_000_000 + 500_000)
+    assert two.memory["parameters"] == 2 * (2 * 3_000_000 / 2 + 500_000)
+    # split activations halve too, kept ones do not
+    assert two.memory["activations"] == pytest.approx(64 * (2 * 1e6 / 2 + 1e5))
+
+
+def test_activations_are_per_sample_bytes_times_the_microbatch_and_double_in_fp32():
+    profile = uniform(act=1e6)
+    candidate = Candidate(1, 1, 4, microbatches=2)
+    half = model(profile, precision="bf16", batch=64).estimate(candidate)
+    full = model(profile, precision="fp32", batch=64).estimate(candidate)
+    micro = 64 / (4 * 2)  # one microbatch in flight without a pipeline
+    assert half.memory["activations"] == pytest.approx(8 * 1e6 * micro)
+    assert full.memory["activations"] == pytest.approx(2 * half.memory["activations"])
+
+
+def test_checkpointing_keeps_block_inputs_and_recomputes_a_third_of_the_work():
+    spec = TransformerSpec(layers=24, hidden=2304, heads=24, seq=2048, vocab=51200)
+    L, s, h, v, a = 24, 2048, 2304, 51200, 24
+    profile = spec.profile()
+    cost = model(profile, batch=8)
+    plain = cost.estimate(Candidate(1, 1, 1))
+    ckpt = cost.estimate(Candidate(1, 1, 1, checkpointing=True))
+    assert ckpt.memory["activations"] < plain.memory["activations"] / 5
+    # Korthikanti: full recompute keeps 2sbh per block, plus one block's sbh(34 + 5as/h) while
+    # it is recomputed; embedding and head keep theirs
+    others = sum(x.act_split + x.act_kept for x in profile.layers if not x.repeated)
+    assert ckpt.memory["activations"] == pytest.approx(
+        8 * (others + L * 2 * s * h + (34 * s * h + 5 * a * s * s)))
+    assert plain.time["recompute"] == 0.0
+    # one more forward of the blocks: a third of forward + backward, less the head's share,
+    # which Narayanan's count puts at v/(12hL) / (1 + s/(6h) + v/(12hL)) (about 7% here)
+    head_share = (v / (12 * h * L)) / (1 + s / (6 * h) + v / (12 * h * L))
+    ratio = ckpt.time["recompute"] / ckpt.time["compute"]
+    assert ratio == pytest.approx((1 - head_share) / 3, rel=0.01)
+    assert ckpt.step_seconds > plain.step_seconds
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_the_pipeline_bubble_is_p_minus_1_over_m_of_compute(p, m):
+    estimate = model(uniform(n=8), batch=256, layer_overhead=1e-5).estimate(
+        Candidate(1, p, 1, microbatches=m))
+    assert estimate.time["pipeline_bubble"] == pytest.approx((p - 1) / m
+                                                             * estimate.time["compute"])
+
+
+def test_pipeline_stages_each_hold_their_share_of_the_weights():
+    profile = uniform(n=8)
+    estimate = model(profile).estimate(Candidate(1, 4, 1, microbatches=4))
+    assert states(estimate) == 16 * profile.params / 4
+
+
+# -- communication ---------------------------------------------------------------------------
+
+def test_tensor_parallel_time_follows_megatrons_all_reduce_volume():
+    s_h = 1e4  # s*h of each layer: tp_comm is two forward all-reduces of it, 2 bytes each
+    profile = uniform(n=8, tp_comm=2 * 2 * s_h)
+    assert model(profile).estimate(Candidate(1, 1, 1)).time["tensor_parallel"] == 0.0
+    t, batch = 2, 16
+    estimate = model(profile, batch=batch, alpha_intra=0.0).estimate(Candidate(t, 1, 1))
+    # section 3.5: 4 all-reduces of b*s*h per layer (2 forward, 2 backward), 16-bit, ring
+    expected = 8 * 4 * batch * s_h * 2 * 2 * (t - 1) / t / 200e9
+    assert estimate.time["tensor_parallel"] == pytest.approx(expected)
+
+
+def test_data_parallel_time_is_the_gradient_ring_all_reduce():
+    profile = uniform()
+    assert model(profile).estimate(Candidate(1, 1, 1)).time["data_parallel"] == 0.0
+    d, alpha = 8, 10e-6  # one host: the ring stays on its links
+    estimate = model(profile, alpha_intra=alpha).estimate(Candidate(1, 1, d))
+    grads = 2 * profile.params  # fp16 gradients
+    assert estimate.time["data_parallel"] == pytest.approx(
+        2 * (d - 1) / d * grads / 200e9 + 2 * (d - 1) * alpha)
+
+
+def test_overlap_hides_data_parallel_time_behind_the_backward():
+    exposed = model(overlap=0.0).estimate(Candidate(1, 1, 8)).time["data_parallel"]
+    hidden = model(overlap=0.5).estimate(Candidate(1, 1, 8)).time["data_parallel"]
+    assert 0 < hidden < exposed
+
+
+def test_compute_is_three_forwards_at_the_device_rate():
+    profile = uniform(n=8, flops=1e9)
+    estimate = model(profile, batch=64).estimate(Candidate(1, 1, 1))
+    assert estimate.time["compute"] == pytest.approx(3 * 8 * 1e9 * 64 / 100e12)

@@ -5,7 +5,9 @@ checkpointed there) and tensor parallel 2 (smp.nn transformer layers, each check
 Each run trains with dropout 0 first, where it must match the same model trained in one
 process (loss relative 1e-5, weights atol 1e-5), then with dropout 0.1; the test runs each
 case with and without checkpointing and asks for exactly the same losses and gradients, and
-for checkpointed blocks to have run again (the recomputation).
+for checkpointed blocks to have run again (the recomputation). The pipeline case runs a third
+time with ``SHOAL_ACTIVATION_CHECKPOINTING=blocks`` and no call in the script: each of the
+four blocks checkpointed where it runs, with the same losses and gradients.
 
 This file is also the worker: ``python test_modelparallel_activations.py worker``.
 """
@@ -82,11 +84,14 @@ def worker() -> None:
         smp.set_partition(net.head, 1)
         reference = pipeline_model(2)
         counted = [net.blocks[0], net.blocks[3], net.head[0]]
-    calls = [0]
+    calls = [0, 0]
     for module in counted:  # a pre-hook: a recomputation may stop before the module's end
         module.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    if not tp:  # a block's first layer runs again when the block alone is checkpointed
+        for module in (net.blocks[0][0], net.blocks[3][0]):
+            module.register_forward_pre_hook(lambda *_: calls.__setitem__(1, calls[1] + 1))
     model = smp.DistributedModel(net)
-    if case["checkpoint"]:
+    if case["checkpoint"] is True:
         if tp:
             for layer in net.layers:
                 smp.set_activation_checkpointing(layer)
@@ -141,7 +146,7 @@ def worker() -> None:
             full, expected = model.state_dict(), reference.state_dict()
             worst = max((full[k] - v).abs().max().item() for k, v in expected.items())
             assert worst <= 1e-5, worst
-    record["calls"] = calls[0]
+    record["calls"], record["first_layer_calls"] = calls
     torch.save(record, os.path.join(os.environ["AC_FOLDER"], f"{case['tag']}-{smp.rank()}.pt"))
     smp.barrier()
     print(f"rank {smp.rank()} {case['kind']} checkpoint {case['checkpoint']}: loss "
@@ -159,21 +164,28 @@ CASES = {
 def test_checkpointed_training_matches_plain_training(name, tmp_path):
     import torch
 
-    for checkpoint in (False, True):
+    # pipeline: SHOAL_ACTIVATION_CHECKPOINTING=blocks too, which the script does not call
+    runs = (False, True, "blocks") if name.startswith("pp") else (False, True)
+    for checkpoint in runs:
         case = {"config": CASES[name], "kind": name[:2], "checkpoint": checkpoint,
-                "tag": f"{name}-{int(checkpoint)}"}
-        run_mpi(2, {"MP_CASE": json.dumps(case), "AC_FOLDER": str(tmp_path)},
-                script=HERE, timeout=300)
-    for rank in range(2):
-        plain = torch.load(tmp_path / f"{name}-0-{rank}.pt")
-        checkpointed = torch.load(tmp_path / f"{name}-1-{rank}.pt")
+                "tag": f"{name}-{checkpoint}"}
+        env = {"MP_CASE": json.dumps(case), "AC_FOLDER": str(tmp_path)}
+        if checkpoint == "blocks":
+            env["SHOAL_ACTIVATION_CHECKPOINTING"] = "blocks"
+        run_mpi(2, env, script=HERE, timeout=300)
+    for rank, checkpoint in ((r, c) for r in range(2) for c in runs[1:]):
+        plain = torch.load(tmp_path / f"{name}-False-{rank}.pt")
+        checkpointed = torch.load(tmp_path / f"{name}-{checkpoint}-{rank}.pt")
         assert checkpointed["losses"] == plain["losses"]
         for got, want in zip(checkpointed["grads"], plain["grads"]):
             assert got.keys() == want.keys() and got
             assert all(got[k].equal(want[k]) for k in want), [
                 k for k in want if not got[k].equal(want[k])]
         calls = (checkpointed["calls"], plain["calls"])
-        if name.startswith("pp"):  # each counted module recomputed once
+        if checkpoint == "blocks":  # blocks 0 and 3 each checkpointed where it runs
+            first = (checkpointed["first_layer_calls"], plain["first_layer_calls"])
+            assert first[0] == 2 * first[1] > 0 and calls[0] == calls[1], (first, calls)
+        elif name.startswith("pp"):  # each counted module recomputed once
             assert calls[0] == 2 * calls[1] > 0, calls
         else:
             assert calls[0] > calls[1] > 0, calls

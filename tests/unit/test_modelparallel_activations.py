@@ -12,7 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch")
 
-from shoal.modelparallel.errors import CheckpointingError, SMPUsageError  # noqa: E402
+from shoal.modelparallel.errors import (  # noqa: E402
+    CheckpointingError,
+    SMPConfigError,
+    SMPUsageError,
+)
 from shoal.modelparallel.torch import activations  # noqa: E402
 from shoal.modelparallel.torch import state as smp_state  # noqa: E402
 from torch import nn  # noqa: E402
@@ -202,3 +206,174 @@ def test_checkpointing_each_layer_at_least_halves_the_saved_activations():
     print(f"12-layer MLP, batch 64: saved for backward {plain} bytes plain, "
           f"{checkpointed} bytes with each layer checkpointed ({plain / checkpointed:.1f}x less)")
     assert checkpointed * 2 <= plain
+
+
+# -- SHOAL_ACTIVATION_CHECKPOINTING --------------------------------------------------------
+class Block(nn.Module):
+    calls = 0  # forwards run, recomputations included
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.fc1, self.drop, self.fc2 = nn.Linear(width, 16), nn.Dropout(0.2), nn.Linear(16, width)
+
+    def forward(self, x):
+        Block.calls += 1
+        return x + self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+class Head(nn.Linear):
+    calls = 0
+
+    def forward(self, x):
+        Head.calls += 1
+        return super().forward(x)
+
+
+class Net(nn.Module):
+    def __init__(self, seed=0):
+        torch.manual_seed(seed)
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.norms = nn.ModuleList([nn.LayerNorm(8) for _ in range(3)])  # a smaller stack
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        self.mixed = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64))  # bigger
+        self.head = Head(64, 1)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for norm in self.norms:
+            x = norm(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.mixed(x))
+
+
+@pytest.fixture
+def planned_smp(monkeypatch):
+    import shoal.modelparallel.torch as smp
+
+    def start(value):
+        if value is None:
+            monkeypatch.delenv(activations.PLANNED_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(activations.PLANNED_VARIABLE, value)
+        smp.init({})
+        return smp
+
+    smp_state.shutdown()
+    yield start
+    smp_state.shutdown()
+
+
+def train_once(smp, net, seed=5):
+    """One smp.step of ``net`` wrapped (seeded alike for every run); the loss, the
+    gradients, and the forwards each class ran."""
+    model = smp.DistributedModel(net) if smp is not None else net
+    Block.calls = Head.calls = 0
+    torch.manual_seed(seed)
+    x = torch.randn(6, 8)
+    if smp is None:
+        loss = net(x).pow(2).sum()
+        loss.backward()
+    else:
+        @smp.step
+        def train(model, x):
+            loss = model(x).pow(2).sum()
+            model.backward(loss)
+            return loss
+
+        loss = train(model, x).reduce_mean()
+    grads = [p.grad.clone() for p in net.parameters()]
+    return loss.detach(), grads, (Block.calls, Head.calls)
+
+
+def test_planned_value_is_parsed_once_with_the_accepted_values():
+    parse = activations.parse_planned
+    assert parse(None) is None and parse("") is None and parse(" off ") is None
+    assert parse("blocks") == activations.Planned(blocks=True)
+    assert parse("types:Block, Head,Block").types == ("Block", "Head")
+    for bad in ("on", "Blocks", "types:", "types:A,,B", "types:a-b"):
+        with pytest.raises(SMPConfigError, match=f"SHOAL_ACTIVATION_CHECKPOINTING={bad!r} "
+                           "is not understood; the accepted values are 'off' .*'blocks', "
+                           r"or 'types:<ClassName>\[,<ClassName>...\]'"):
+            parse(bad)
+
+
+def test_a_bad_value_fails_smp_init(planned_smp):
+    with pytest.raises(SMPConfigError, match="SHOAL_ACTIVATION_CHECKPOINTING='every' is not "
+                       "understood; the accepted values are"):
+        planned_smp("every")
+    assert smp_state.current() is None
+
+
+def test_blocks_checkpoints_each_block_of_the_main_stack(planned_smp, caplog):
+    want = train_once(None, Net())
+    assert want[2] == (4, 1)
+    smp = planned_smp("blocks")
+    net = Net()
+    with caplog.at_level(logging.INFO, logger="shoal.modelparallel"):
+        got = train_once(smp, net)
+    assert got[2] == (8, 1)  # each block's forward runs again in the backward; the head once
+    assert got[0].equal(want[0]) and all(g.equal(w) for g, w in zip(got[1], want[1]))
+    assert [m for m in net.modules() if m in activations._specs] == list(net.blocks)
+    assert ("SHOAL_ACTIVATION_CHECKPOINTING=blocks: 4 modules (Block) checkpointed, from the "
+            "stack 'blocks'") in caplog.text
+
+
+def test_blocks_of_a_sequential_stack_are_checkpointed_whole(planned_smp):
+    smp = planned_smp("blocks")
+    net = mlp(layers=3)
+    calls = []
+    for block in net:
+        block[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    model = smp.DistributedModel(net)
+
+    @smp.step
+    def train(model, x):
+        model.backward(model(x).sum())
+
+    train(model, torch.randn(4, 8))
+    assert len(calls) == 6
+    assert [activations._specs[b].strategy for b in net] == ["contiguous"] * 3
+
+
+def test_types_selects_by_class(planned_smp):
+    smp = planned_smp("types:Head,LayerNorm")
+    net = Net()
+    got = train_once(smp, net)
+    assert got[2] == (4, 2)
+    assert [m for m in net.modules() if m in activations._specs] == [*net.norms, net.head]
+
+
+def test_unset_checkpoints_nothing(planned_smp):
+    smp = planned_smp(None)
+    net = Net()
+    assert train_once(smp, net)[2] == (4, 1)
+    assert not any(m in activations._specs for m in net.modules())
+
+
+def test_the_scripts_own_calls_are_not_doubled(planned_smp, caplog):
+    smp = planned_smp("blocks")
+    net = Net()
+    model = smp.DistributedModel(net)
+    smp.set_activation_checkpointing(net.blocks[1])  # before partitioning: left as it is
+    calls = []
+    net.blocks[2].fc1.register_forward_pre_hook(lambda *_: calls.append(1))
+
+    @smp.step
+    def train(model, x):
+        model.backward(model(x).pow(2).sum())
+
+    Block.calls = 0
+    with caplog.at_level(logging.INFO, logger="shoal.modelparallel"):
+        train(model, torch.randn(6, 8))
+    assert Block.calls == 8 and len(calls) == 2
+    assert "3 modules (Block) checkpointed" in caplog.text
+    assert "1 left to the script's own set_activation_checkpointing" in caplog.text
+    # after partitioning, a call on a module inside a block takes the block's back
+    smp.set_activation_checkpointing(net.blocks[2].fc1)
+    assert net.blocks[2] not in activations._specs and "forward" not in vars(net.blocks[2])
+    Block.calls, calls[:] = 0, []
+    train(model, torch.randn(6, 8))
+    assert Block.calls == 7  # block 2 once, now that the script checkpoints its fc1
+    assert net.blocks[2].fc1 in activations._specs and net.blocks[0] in activations._specs

@@ -17,6 +17,18 @@ place: with auto-partition it runs unchecked (with a warning), with manual place
 Tensor parallelism's dropout draws its masks from generators of its own, which
 ``preserve_rng_state`` does not cover: their states are taken when the checkpointed function
 first runs and put back while it runs again, so the recomputation drops the same elements.
+
+``SHOAL_ACTIVATION_CHECKPOINTING`` (Shoal's own; read once at ``smp.init``) checkpoints modules
+without a change to the script: ``blocks`` each child of the model's main stack (the
+``nn.ModuleList`` or ``nn.Sequential`` of at least two children of one class holding the most
+parameters), ``types:A,B`` every module of those classes (by ``__name__``; one inside another
+chosen one is left to it). The modules are chosen when ``smp.DistributedModel`` wraps the model
+(every rank sees the whole model then) and checkpointed right after partitioning, through
+``set_activation_checkpointing``, so its refusals apply. Each module is checkpointed whole: a
+plain ``nn.Sequential`` one with ``strategy="contiguous"``. A stack that is an ``nn.Sequential``
+is checkpointed child by child rather than as the Sequential with ``strategy="each"``: under a
+pipeline the engine then still hands each rank its run of children in one call. A module the
+script checkpointed, or one inside or around it, is left to the script's call, before or after.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 import torch
-from shoal.modelparallel.errors import CheckpointingError, SMPUsageError
+from shoal.modelparallel.errors import CheckpointingError, SMPConfigError, SMPUsageError
 from shoal.modelparallel.torch import offload as _offload
 from shoal.modelparallel.torch import placement
 from shoal.modelparallel.torch import state as _state
@@ -70,6 +82,8 @@ def set_activation_checkpointing(module: torch.nn.Module, preserve_rng_state: bo
     name = _name_in(model, module)
     if st.shard_groups is not None:
         _refuse_shared(model, module, name)
+    if _planned:
+        _withdraw_planned(st, module, name)
     previous = _specs.get(module)
     original = None
     if not _is_sequential(module):
@@ -312,6 +326,165 @@ def _checked(output, what: str):
             f"the checkpointed {what} returned a {type(output).__name__}; a checkpointed "
             "module's output must be a tensor or a tuple/list of them, not a dict or a set")
     return output
+
+
+# -- SHOAL_ACTIVATION_CHECKPOINTING -----------------------------------------------------------
+PLANNED_VARIABLE = "SHOAL_ACTIVATION_CHECKPOINTING"
+_PLANNED_ACCEPTED = "'off' (or unset or empty), 'blocks', or 'types:<ClassName>[,<ClassName>...]'"
+_MISSING = object()
+
+
+@attrs.frozen
+class Planned:
+    """What ``SHOAL_ACTIVATION_CHECKPOINTING`` asks for: the main stack's blocks, or the
+    modules of the classes named."""
+    blocks: bool
+    types: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "blocks" if self.blocks else "types:" + ",".join(self.types)
+
+
+@attrs.define
+class _PlannedRecord:
+    """A module checkpointed for the variable, with what its call ran before."""
+    model: weakref.ref  # the smp.DistributedModel it belongs to
+    name: str
+    forward: object  # the module's own ``forward`` attribute (_MISSING: its class's)
+    engine_forwards: dict  # the engine's forwards under its name and its runs' keys
+
+
+# modules checkpointed for the variable, which a script's own call takes back
+_planned: weakref.WeakKeyDictionary[torch.nn.Module, _PlannedRecord] = \
+    weakref.WeakKeyDictionary()
+
+
+def parse_planned(raw: str | None) -> Planned | None:
+    """The variable's value, checked (None: nothing to checkpoint)."""
+    value = (raw or "").strip()
+    if value in ("", "off"):
+        return None
+    if value == "blocks":
+        return Planned(blocks=True)
+    if value.startswith("types:"):
+        names = tuple(n.strip() for n in value[len("types:"):].split(","))
+        if names and all(n.isidentifier() for n in names):
+            return Planned(blocks=False, types=tuple(dict.fromkeys(names)))
+    raise SMPConfigError(f"{PLANNED_VARIABLE}={raw!r} is not understood; the accepted values "
+                         f"are {_PLANNED_ACCEPTED}")
+
+
+def plan(model) -> None:
+    """At ``smp.DistributedModel``: chooses the modules the variable asks for (the whole
+    model is on every rank now) and checkpoints them right after partitioning."""
+    planned = _state.require().planned_checkpointing
+    if planned is None:
+        return
+    modules = placement.named_modules(model.get_module())
+    if planned.blocks:
+        stack = main_stack(modules)
+        chosen = [] if stack is None else [
+            (f"{stack}.{k}" if stack else k) for k in modules[stack]._modules]
+        where = f"the stack {stack or '<root>'!r}" if stack is not None else "no stack"
+    else:
+        chosen = _of_types(modules, planned.types)
+        where = "classes " + ", ".join(planned.types)
+
+    def apply(model, _optimizer) -> None:
+        _apply_planned(model, planned, chosen, where)
+
+    model.register_post_partition_hook(apply)
+
+
+def main_stack(modules: dict[str, torch.nn.Module]) -> str | None:
+    """The name of the ModuleList or Sequential of at least 2 children of one class that holds
+    the most parameters (the first, outermost, of equals); None when there is none."""
+    best, most = None, 0
+    for name, module in modules.items():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        children = list(module._modules.values())
+        if len(children) < 2 or any(c is None for c in children) \
+                or len({type(c) for c in children}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > most:
+            best, most = name, size
+    return best
+
+
+def _of_types(modules: dict[str, torch.nn.Module], types: tuple[str, ...]) -> list[str]:
+    """The modules of those classes, outermost first; none inside another chosen one."""
+    chosen: list[str] = []
+    for name, module in modules.items():  # parents come before their children
+        if type(module).__name__ in types and not any(_within(name, c) for c in chosen):
+            chosen.append(name)
+    return chosen
+
+
+def _within(name: str, outer: str) -> bool:
+    """Whether module ``name`` is ``outer`` or inside it."""
+    return outer == "" or name == outer or name.startswith(outer + ".")
+
+
+def _apply_planned(model, planned: Planned, chosen: list[str], where: str) -> None:
+    """After partitioning: checkpoints the chosen modules that the script's own calls leave
+    alone (a module it checkpointed, or one inside or around it, stays as the script said)."""
+    st = _state.require()
+    modules = placement.named_modules(model.get_module())
+    script = [n for n, m in modules.items() if m in _specs]
+    done, left = [], 0
+    for name in chosen:
+        module = modules[name]
+        if any(_within(name, s) or _within(s, name) for s in script):
+            left += 1
+            continue
+        record = _PlannedRecord(weakref.ref(model), name,
+                                module.__dict__.get("forward", _MISSING),
+                                _engine_entries(st.engine, name))
+        set_activation_checkpointing(module, strategy=_whole(module))
+        _planned[module] = record
+        done.append(module)
+    classes = sorted({type(m).__name__ for m in done})
+    message = (f"{PLANNED_VARIABLE}={planned}: {len(done)} modules "
+               f"({', '.join(classes) or 'none'}) checkpointed, from {where}")
+    if left:
+        message += f"; {left} left to the script's own set_activation_checkpointing"
+    if chosen:
+        log.info("%s", message)
+    else:
+        log.warning("%s: the model has no such module", message)
+
+
+def _whole(module: torch.nn.Module) -> str:
+    """The strategy that checkpoints ``module`` as one piece."""
+    return "contiguous" if _is_sequential(module) else "each"
+
+
+def _engine_entries(engine, name: str) -> dict:
+    return {k: v for k, v in engine.forwards.items()
+            if k == name or k.startswith(f"{name}[")}
+
+
+def _withdraw_planned(st, module: torch.nn.Module, name: str) -> None:
+    """A script's own call on ``module`` takes back the variable's checkpoints of it and of
+    the modules inside or around it: the script's choice is the one that applies."""
+    for planned, record in list(_planned.items()):
+        if record.model() is not st.model or not (_within(record.name, name)
+                                                  or _within(name, record.name)):
+            continue
+        del _planned[planned]
+        _specs.pop(planned, None)
+        engine = st.engine
+        for key in list(_engine_entries(engine, record.name)):
+            engine.forwards.pop(key)
+        engine.forwards.update(record.engine_forwards)
+        if record.forward is _MISSING:
+            planned.__dict__.pop("forward", None)
+        else:
+            planned.forward = record.forward
+        log.debug("%s: %r is left to the script's own set_activation_checkpointing",
+                  PLANNED_VARIABLE, record.name)
 
 
 # -- small helpers ------------------------------------------------------------------------

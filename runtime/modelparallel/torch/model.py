@@ -103,6 +103,7 @@ class DistributedModel(torch.nn.Module):
         self._outside_step = False  # a forward ran outside smp.step: sync at optimizer.step
         self.sharded = None  # sharded data parallelism's parameters (sharded/params.py)
         st.model = self
+        _activations.plan(self)  # SHOAL_ACTIVATION_CHECKPOINTING: checkpoints after partitioning
         if st.topology.pp_size == 1 and (st.topology.tp_size > 1 or st.shard_groups):
             # SMP: with tensor parallelism alone, smp.step is optional; the parameters are
             # broadcast here and the model is ready for a plain forward and backward. Under

@@ -40,6 +40,8 @@ class State:
     tracing: bool = False  # the first microbatch runs whole on world rank 0 to partition
     tp_p2p: Any = None  # the TP group's communicator for tagged exchanges (tp and pp > 1)
     shard_groups: Any = None  # sharded data parallelism's groups (sharded/groups.py)
+    # SHOAL_ACTIVATION_CHECKPOINTING, parsed (activations.Planned; None: off)
+    planned_checkpointing: Any = None
 
     def members(self, group: CommGroup) -> tuple[int, ...]:
         return tuple(self.topology.group_of(group))
@@ -91,6 +93,9 @@ def init(config: dict | None = None) -> State:
                           "is ignored", UserWarning, stacklevel=2)
         return _state
     cfg = _config.resolve(config, os.environ)
+    from shoal.modelparallel.torch.activations import PLANNED_VARIABLE, parse_planned
+
+    planned = parse_planned(os.environ.get(PLANNED_VARIABLE))
     if cfg.ddp:  # torch's world first: it takes the core's world communicator
         from shoal.dataparallel.torch.distributed import init_process_group
 
@@ -100,7 +105,7 @@ def init(config: dict | None = None) -> State:
     topology = Topology.build(world.rank, world.size, world.local_rank, world.local_size,
                               pp=cfg.pipeline_parallel_degree, tp=cfg.tensor_parallel_degree,
                               placement_strategy=cfg.placement_strategy)
-    state = State(cfg, topology, _core_groups(topology))
+    state = State(cfg, topology, _core_groups(topology), planned_checkpointing=planned)
     if topology.tp_size > 1 and topology.pp_size > 1:
         state.tp_p2p = _tagged_tp_group(topology)
     if cfg.ddp:

@@ -44,7 +44,7 @@ def _pins(values) -> dict:
 
 
 def _model(model: str, sample_input_shape: str | None):
-    if model.startswith("transformer:"):
+    if ".py:" not in model:  # a description (parse_description says what is wrong)
         return model
     if not sample_input_shape:
         raise click.UsageError("a model factory needs --sample-input-shape (batch first, "

@@ -87,7 +87,7 @@ def instance(instance_type: str) -> Instance:
     if found is not None:
         return found
     close = difflib.get_close_matches(str(instance_type), list(INSTANCES), n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else "."
     raise ValidationError(
         f"unknown GPU instance type {instance_type!r}{hint} The planner knows "
         f"{', '.join(sorted({i.name.rsplit('.', 1)[0] + '.*' for i in INSTANCES.values()}))}; "

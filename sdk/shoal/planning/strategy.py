@@ -238,7 +238,7 @@ def _profile(model, sequence_length) -> ModelProfile:
         return model
     if isinstance(model, models.TransformerSpec):
         spec = model
-    elif isinstance(model, str) and model.startswith("transformer:"):
+    elif isinstance(model, str):
         spec = models.parse_description(model)
     elif isinstance(model, Mapping):
         spec = models.from_mapping(dict(model))

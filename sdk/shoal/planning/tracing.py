@@ -31,6 +31,8 @@ def load_factory(spec: str):
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
         module_spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: report it as an input error
+        raise ValidationError(f"importing {path!r} failed: {type(exc).__name__}: {exc}") from None
     finally:
         sys.path.pop(0)
     factory = getattr(module, name, None)
@@ -40,20 +42,33 @@ def load_factory(spec: str):
 
 
 def main_stack(model):
-    """The (name, children) of the model's stack of identical blocks, or None."""
+    """The (name, blocks) of the model's stack of identical blocks, or None.
+
+    A stack is the longest run of consecutive children of one class (at least two) in a
+    ``ModuleList`` or ``nn.Sequential``; of all stacks, the one holding the most parameters.
+    """
     import torch
 
     best, best_params = None, 0
     for name, module in model.named_modules():
         if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
             continue
-        children = list(module.children())
-        if len(children) < 2 or len({type(c) for c in children}) != 1:
-            continue
-        params = sum(p.numel() for c in children for p in c.parameters())
-        if params > best_params:
-            best, best_params = (name, children), params
+        for run in _runs(list(module.children())):
+            params = sum(p.numel() for c in run for p in c.parameters())
+            if len(run) >= 2 and params > best_params:
+                best, best_params = (name, run), params
     return best
+
+
+def _runs(children):
+    run = []
+    for child in children:
+        if run and type(child) is not type(run[-1]):
+            yield run
+            run = []
+        run.append(child)
+    if run:
+        yield run
 
 
 def profile_factory(spec: str, sample_shape, *, name: str | None = None) -> ModelProfile:
@@ -61,8 +76,12 @@ def profile_factory(spec: str, sample_shape, *, name: str | None = None) -> Mode
     import torch
 
     factory = load_factory(spec)
-    with torch.device("meta"):
-        model = factory()
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except Exception as exc:  # the user's factory: say where it failed
+        raise ValidationError(f"{spec!r} failed on the meta device: {type(exc).__name__}: "
+                              f"{exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise ValidationError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
     return profile_module(model, sample_shape, name=name or spec)

@@ -11,8 +11,6 @@ import json
 
 import click
 
-from shoal.errors import ValidationError
-
 MODEL_HELP = ("transformer:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200[,ffn=..,"
               "kv_heads=..,tied=..,gated=..,flash=..] or file.py:factory (an nn.Module, traced "
               "on the meta device with --sample-input-shape)")
@@ -59,17 +57,34 @@ def _model(model: str, sample_input_shape: str | None):
     return profile_factory(model, shape)
 
 
-def _calibration(path: str | None):
-    if not path:
-        return None
-    from shoal.planning.strategy import Calibration
+def _calibration(path, calibrate: bool, instance_type, instance_count, processes_per_host,
+                 role, out):
+    from shoal.planning import calibrate as calibrate_
 
-    with open(path, encoding="utf-8") as handle:
-        try:
-            data = json.load(handle)
-        except json.JSONDecodeError as error:
-            raise ValidationError(f"calibration file {path!r} is not JSON: {error}") from None
-    return Calibration.from_dict(data.get("calibration", data))
+    if path and calibrate:
+        raise click.UsageError("give --calibration FILE or --calibrate, not both")
+    if path:
+        return calibrate_.read(path)
+    if not calibrate:
+        return None
+    from shoal.planning import instances
+
+    per_host = processes_per_host or instances.gpus_per_instance(instance_type) or 1
+    if not role and instance_type not in instances.LOCAL_INSTANCE_TYPES:
+        raise click.UsageError("--calibrate on SageMaker needs --role (the job's IAM role)")
+    estimator = calibrate_.probe_estimator(
+        instance_type, instance_count, per_host,
+        role=role or "arn:aws:iam::111122223333:role/ShoalLocal")
+    click.echo(f"calibrating: a {instance_count} x {instance_type} job, {per_host} processes "
+               "per host", err=True)
+    measured = calibrate_.run(estimator)
+    if out:
+        import attrs
+
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump({"calibration": {k: v for k, v in attrs.asdict(measured).items()
+                                       if v is not None}}, handle, indent=2)
+    return measured
 
 
 @click.command()
@@ -90,11 +105,17 @@ def _calibration(path: str | None):
 @click.option("--efficiency", type=float, default=0.5, show_default=True,
               help="Fraction of the GPUs' peak FLOP/s the model's matmuls reach.")
 @click.option("--calibration", "calibration_file", type=click.Path(exists=True, dir_okay=False),
-              help="Measured figures (JSON) from a calibration run.")
+              help="Measured figures (JSON) from an earlier --calibrate.")
+@click.option("--calibrate", is_flag=True,
+              help="Measure the cluster first: a short job of Shoal's collectives and a matmul "
+                   "on the instance type and count given (local: this machine).")
+@click.option("--calibration-out", type=click.Path(dir_okay=False),
+              help="Where --calibrate saves what it measured, for --calibration.")
+@click.option("--role", help="IAM role of the --calibrate job on SageMaker.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def strategy(model, sample_input_shape, global_batch, instance_type, instance_count, precision,
              optimizer, sequence_length, pins, processes_per_host, efficiency,
-             calibration_file, output):
+             calibration_file, calibrate, calibration_out, role, output):
     """The parallelism a model should train with on a cluster, and why."""
     from shoal.planning.strategy import Constraints, plan_strategy
 
@@ -104,7 +125,9 @@ def strategy(model, sample_input_shape, global_batch, instance_type, instance_co
                          instance_type=instance_type, instance_count=instance_count,
                          precision=precision, optimizer=optimizer,
                          sequence_length=sequence_length, constraints=constraints,
-                         calibration=_calibration(calibration_file))
+                         calibration=_calibration(calibration_file, calibrate, instance_type,
+                                                  instance_count, processes_per_host, role,
+                                                  calibration_out))
     if output == "json":
         click.echo(json.dumps(plan.to_dict(), indent=2, default=str))
         return

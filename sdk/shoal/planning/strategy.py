@@ -61,6 +61,7 @@ class Calibration:
     alpha_net: float | None = None
     hbm: float | None = None
     memory: float | None = None  # usable bytes per device
+    overlap: float | None = None  # of a collective that computation beside it hides
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Calibration:

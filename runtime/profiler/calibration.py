@@ -1,0 +1,192 @@
+"""Calibration probe: the figures the strategy planner needs, measured on the job's machines.
+
+Run on every rank of a job (mpirun, one rank per device); rank 0 writes one JSON object,
+``{"calibration": {...}, "details": {...}}``, whose ``calibration`` keys are those of
+``shoal.planning.strategy.Calibration``:
+
+* ``flops``: FLOP/s of a square matmul of ``--hidden`` per rank, every rank at once (ranks
+  that share cores share them here too), the median of ``--repeats``;
+* ``layer_overhead``: seconds per module call beyond its arithmetic: a tiny ``nn.Linear``'s
+  forward and backward, divided by the three passes the cost model charges;
+* ``hbm``: bytes/s of an in-place add over a buffer larger than the caches;
+* ``intra_bw``/``alpha_intra``: all-reduces between the ranks of one host, every host at once,
+  at two sizes: ``t = 2 (r - 1) alpha + 2 (r - 1) / r * n / bw`` solved for alpha and bw;
+* ``net_bw``/``alpha_net``: the same between hosts (the ranks of equal local rank), the
+  bandwidth per host (every local rank's group crosses the network at once);
+* ``overlap``: how much of an all-reduce a matmul running beside it (on another thread) hides:
+  ``(compute + comm - both) / comm``, clipped to [0, 1].
+
+    mpirun -np 4 python -m shoal.profiler.calibration --out calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+
+SMALL, LARGE = 8 * 1024, 8 * 1024 * 1024  # bytes of the two all-reduce sizes
+
+
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs, after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def matmul_rate(hidden: int, repeats: int) -> float:
+    import torch
+
+    a, b = torch.randn(hidden, hidden), torch.randn(hidden, hidden)
+    calls = max(1, int(2e9 / (2 * hidden**3)))  # about two GFLOP per timing
+    seconds = _timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
+    return 2 * hidden**3 * calls / seconds
+
+
+def layer_overhead(repeats: int) -> float:
+    import torch
+
+    layer = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    calls = 200
+
+    def run():
+        for _ in range(calls):
+            layer(x).sum().backward()
+
+    return _timed(run, repeats) / calls / 3
+
+
+def memory_bandwidth(repeats: int) -> float:
+    import torch
+
+    a, b = torch.zeros(16 * 1024 * 1024), torch.ones(16 * 1024 * 1024)  # 64 MiB each
+    seconds = _timed(lambda: a.add_(b), repeats)
+    return 3 * a.numel() * 4 / seconds  # read a and b, write a
+
+
+def allreduce_seconds(core, group, nbytes: int, repeats: int) -> float:
+    array = np.ones(nbytes // 4, dtype=np.float32)
+    core.barrier()
+    return _timed(lambda: core.allreduce(array, group=group), repeats)
+
+
+def _alpha_beta(ranks: int, small: float, large: float) -> tuple[float, float]:
+    """alpha and bandwidth from all-reduce times of SMALL and LARGE bytes over ``ranks``."""
+    share = 2 * (ranks - 1) / ranks
+    bw = share * (LARGE - SMALL) / max(large - small, 1e-9)
+    alpha = max(small - share * SMALL / bw, 0.0) / (2 * (ranks - 1))
+    return alpha, bw
+
+
+def overlap(core, group, hidden: int, repeats: int) -> float:
+    import torch
+
+    a, b = torch.randn(hidden, hidden), torch.randn(hidden, hidden)
+    array = np.ones(LARGE // 4, dtype=np.float32)
+    comm = allreduce_seconds(core, group, LARGE, repeats)
+    calls = max(1, int(comm * 2e9 / (2 * hidden**3)))  # about as long as the all-reduce
+    compute = _timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
+
+    def both():
+        worker = threading.Thread(target=lambda: core.allreduce(array, group=group))
+        worker.start()
+        for _ in range(calls):
+            torch.mm(a, b)
+        worker.join()
+
+    core.barrier()
+    together = _timed(both, repeats)
+    return float(min(1.0, max(0.0, (compute + comm - together) / comm)))
+
+
+def measure(hidden: int = 512, repeats: int = 5) -> dict:
+    """Every figure, measured on this rank; collectives with every rank of the job."""
+    import torch
+    from shoal.dataparallel import core
+
+    torch.set_num_threads(1)  # one rank per core's share, as the planner's ranks run
+    world = core.init()
+    local = [r for r in range(world.size)
+             if r // world.local_size == world.rank // world.local_size]
+    across = [r for r in range(world.size) if r % world.local_size == world.local_rank]
+    host_group = _groups(core, world, "host")
+    net_group = _groups(core, world, "net")
+    core.barrier()
+    figures = {"flops": matmul_rate(hidden, repeats),
+               "layer_overhead": layer_overhead(repeats), "hbm": memory_bandwidth(repeats)}
+    details = {"world_size": world.size, "local_size": world.local_size,
+               "hosts": world.num_hosts, "hidden": hidden}
+    if len(local) > 1:
+        small = allreduce_seconds(core, host_group, SMALL, repeats)
+        large = allreduce_seconds(core, host_group, LARGE, repeats)
+        figures["alpha_intra"], figures["intra_bw"] = _alpha_beta(len(local), small, large)
+        figures["overlap"] = overlap(core, host_group, hidden, repeats)
+    if len(across) > 1:
+        small = allreduce_seconds(core, net_group, SMALL, repeats)
+        large = allreduce_seconds(core, net_group, LARGE, repeats)
+        alpha, bw = _alpha_beta(len(across), small, large)
+        figures["alpha_net"], figures["net_bw"] = alpha, bw * world.local_size
+    gathered = core.allgather(np.array([figures.get(k, np.nan) for k in KEYS]))
+    merged = _merge(gathered.reshape(world.size, len(KEYS)))
+    return {"rank": world.rank, "calibration": merged, "details": details}
+
+
+KEYS = ("flops", "layer_overhead", "hbm", "alpha_intra", "intra_bw", "overlap", "alpha_net",
+        "net_bw")
+_SLOWEST = {"flops": min, "hbm": min, "intra_bw": min, "net_bw": min, "overlap": min,
+            "layer_overhead": max, "alpha_intra": max, "alpha_net": max}
+
+
+def _merge(rows: np.ndarray) -> dict:
+    """One figure per key: the slowest rank's, as the slowest rank sets a step's pace."""
+    merged = {}
+    for i, key in enumerate(KEYS):
+        values = [v for v in rows[:, i] if np.isfinite(v)]
+        if values:
+            merged[key] = float(_SLOWEST[key](values))
+    return merged
+
+
+def _groups(core, world, kind: str):
+    """This rank's group of ``kind``; every rank creates every group, in the same order."""
+    mine = None
+    hosts, local = world.size // world.local_size, world.local_size
+    if kind == "host":
+        for h in range(hosts):
+            ranks = list(range(h * local, (h + 1) * local))
+            group = core.new_group(ranks) if local > 1 else None
+            if world.rank in ranks:
+                mine = group
+    else:
+        for lr in range(local):
+            ranks = list(range(lr, world.size, local))
+            group = core.new_group(ranks) if hosts > 1 else None
+            if world.rank in ranks:
+                mine = group
+    return mine
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    result = measure(args.hidden, args.repeats)
+    if result.pop("rank") == 0:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

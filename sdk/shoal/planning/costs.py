@@ -42,6 +42,8 @@ OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "lamb": 8, "adagrad": 4, "rmspro
                          "sgd_momentum": 4, "momentum": 4, "adafactor": 4, "sgd": 0}
 
 GIB = 1024**3
+SDP_MAX_LIVE_PARAMETERS = 1_000_000_000  # SMP v1's defaults, which the plans keep
+SDP_REDUCE_BUCKET = 500_000_000
 
 
 @attrs.frozen
@@ -251,9 +253,13 @@ class CostModel:
         }
         micro = w.global_batch / (c.data * c.microbatches)
         memory["activations"] = self._activations(c, s, micro, first)
-        if shard > 1:  # prefetching keeps the next layers gathered while one computes
-            memory["gathered_parameters"] = 2 * max(s.largest_split / t, s.largest_kept) \
-                * w.weight_bytes
+        if shard > 1:
+            # prefetching gathers up to sdp_max_live_parameters (SMP's default: 1e9, all of
+            # most models); gradients wait for sdp_reduce_bucket_size elements (5e8) whole
+            largest = max(s.largest_split / t, s.largest_kept)
+            live = max(2 * largest, min(SDP_MAX_LIVE_PARAMETERS, params))
+            memory["gathered_parameters"] = live * w.weight_bytes
+            memory["gradient_buckets"] = min(SDP_REDUCE_BUCKET, params) * w.weight_bytes
         return memory, self._slot(c, s, micro, params)
 
     def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:
@@ -285,7 +291,7 @@ class CostModel:
             passes = 3 if c.checkpointing else 2
             tp_bytes = s.tp_bytes * micro * self.w.activation_scale
             tp = passes * (allreduce_time(tp_bytes, t, hw.intra_bw, 0.0)
-                           + s.tp_calls * (t - 1) * hw.alpha_intra)
+                           + s.tp_calls * 2 * (t - 1) * hw.alpha_intra)
         p2p = 0.0
         if c.pipeline > 1:
             nbytes = s.out_boundary * micro * self.w.activation_scale

@@ -1,0 +1,411 @@
+"""Strategy planner against measurement: every legal configuration of two small models, run.
+
+    .venv/bin/python benchmarks/planner_grid.py [--models mlp,transformer] [--batch 16]
+        [--steps 4] [--warmup 2] [--max-microbatches 4] [--budget-fraction 0.7]
+        [--json out.json] [--quick]
+
+Two simulated hosts x two processes (4 mpirun ranks; ``SHOAL_HOST`` per rank, so Shoal's
+core and SMP's placement see two hosts of two), ``torch.set_num_threads(1)`` per rank. First
+the calibration probe (``shoal.profiler.calibration``) measures this machine with the same
+four ranks: matmul rate, per-layer overhead, memory bandwidth, all-reduce alpha-beta inside
+and between the simulated hosts, overlap. A second short run measures the runtime's own
+memory (a one-layer model's peak RSS growth), added to every prediction as its reserve. No
+grid point is used to calibrate.
+
+Then, per model, every configuration ``shoal.planning.strategy.candidates`` lists for that
+cluster (data, tensor, pipeline, sharded data degrees; optimizer-state sharding;
+microbatches up to ``--max-microbatches``; activation checkpointing of the blocks) runs
+through Shoal's SMP v1 runtime (``smp.init``, ``smp.DistributedModel``, ``@smp.step``, Adam),
+one mpirun job each: ``--warmup`` steps, then the median of ``--steps`` timed steps, and the
+largest growth of peak RSS over the ranks. The models:
+
+- ``mlp``: a stem ``Linear``, 8 residual MLP blocks (LayerNorm, h -> 4h, gelu, 4h -> h) at
+  h = 256 on 32 tokens a sample, a classifier; its profile is traced on the meta device;
+  tensor parallelism distributes its ``nn.Linear`` layers (``smp.tensor_parallelism()``);
+- ``transformer``: a token embedding, 4 ``smp.nn.DistributedTransformerLayer`` (h 256,
+  4 heads, causal, sequence 64), a LayerNorm and a vocabulary head (4096); its profile is the
+  planner's transformer formulas, with the embedding and the head replicated.
+
+The table: each configuration's predicted and measured step time and memory. Below it, per
+model: the Spearman rank correlation of predicted and measured step times, the planner's pick
+among the configurations predicted to fit a memory budget (``--budget-fraction`` of the
+largest measured growth) and its regret against the fastest measured configuration within
+the budget, and every configuration predicted to fit that measured over the budget (none
+wanted). Goals: regret <= 10 %, Spearman >= 0.8, no such configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.abspath(__file__)
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+HOSTS, PER_HOST = 2, 2
+RANKS = HOSTS * PER_HOST
+MODELS = ("mlp", "transformer")
+MLP = {"hidden": 256, "tokens": 32, "blocks": 8, "inputs": 64, "classes": 16}
+GPT = {"hidden": 256, "heads": 4, "layers": 4, "seq": 64, "vocab": 4096}
+
+
+# -- the models ------------------------------------------------------------------------------
+
+
+def mlp_model():
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, h):
+            super().__init__()
+            self.norm, self.up, self.down = nn.LayerNorm(h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+        def forward(self, x):
+            return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            h = MLP["hidden"]
+            self.stem = nn.Linear(MLP["inputs"], h)
+            self.blocks = nn.ModuleList(Block(h) for _ in range(MLP["blocks"]))
+            self.head = nn.Linear(h, MLP["classes"])
+
+        def forward(self, x):
+            x = self.stem(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return Net()
+
+
+def gpt_model():
+    import smdistributed.modelparallel.torch.nn as smp_nn
+    import torch
+    from torch import nn
+
+    h, seq = GPT["hidden"], GPT["seq"]
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = smp_nn.DistributedTransformerLayer(
+                num_attention_heads=GPT["heads"], attention_head_size=h // GPT["heads"],
+                hidden_size=h, intermediate_size=4 * h, attention_dropout_prob=0.0,
+                hidden_dropout_prob=0.0, activation="gelu", causal_mask_size=seq,
+                pre_layernorm=True, post_layernorm=False)
+
+        def forward(self, x):
+            mask = torch.zeros(x.shape[0], 1, 1, x.shape[1])
+            return self.layer((x, mask))[0]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(GPT["vocab"], h)
+            self.blocks = nn.ModuleList(Layer() for _ in range(GPT["layers"]))
+            self.norm, self.head = nn.LayerNorm(h), nn.Linear(h, GPT["vocab"])
+
+        def forward(self, tokens):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    return Net()
+
+
+def tiny_model():
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(MLP["inputs"], MLP["classes"]))
+
+
+def profile(model: str):
+    """The planner's view of a grid model."""
+    import attrs
+    from shoal.planning.models import TransformerSpec
+    from shoal.planning.tracing import profile_module
+
+    if model == "mlp":
+        import torch
+
+        with torch.device("meta"):
+            net = mlp_model()
+        return profile_module(net, (8, MLP["tokens"], MLP["inputs"]), name="mlp")
+    spec = TransformerSpec(layers=GPT["layers"], hidden=GPT["hidden"], heads=GPT["heads"],
+                           seq=GPT["seq"], vocab=GPT["vocab"], tied=False)
+    prof = spec.profile()
+    # the grid's embedding and head are plain modules: replicated under tensor parallelism
+    layers = [layer if layer.repeated else attrs.evolve(
+        layer, split=False, tp_comm=0.0, act_kept=layer.act_kept + layer.act_split,
+        act_split=0.0) for layer in prof.layers]
+    return attrs.evolve(prof, layers=layers)
+
+
+def batch(model: str, samples: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if model == "mlp":
+        return (torch.randn(samples, MLP["tokens"], MLP["inputs"], generator=g),
+                torch.randint(0, MLP["classes"], (samples, MLP["tokens"]), generator=g))
+    tokens = torch.randint(0, GPT["vocab"], (samples, GPT["seq"] + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+# -- one configuration, on every rank ----------------------------------------------------------
+
+
+def worker(args) -> None:
+    import smdistributed.modelparallel.torch as smp
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    config = json.loads(args.config)
+    smp.init(config["parameters"])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    torch.manual_seed(0)
+    with smp.tensor_parallelism(enabled=config["parameters"].get("tensor_parallel_degree",
+                                                                 1) > 1):
+        net = {"mlp": mlp_model, "transformer": gpt_model, "tiny": tiny_model}[args.model]()
+    model = smp.DistributedModel(net)
+    optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
+    x, y = batch("mlp" if args.model == "tiny" else args.model, config["batch_per_rank"],
+                 seed=1 + smp.rdp_rank())
+
+    @smp.step
+    def train(model, x, y):
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        model.backward(loss)
+        return loss
+
+    times = []
+    for step in range(args.warmup + args.steps):
+        dist.barrier()
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        train(model, x, y)
+        optimizer.step()
+        dist.barrier()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - started)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+    grown_all = [None] * dist.get_world_size()
+    dist.all_gather_object(grown_all, grown)
+    if dist.get_rank() == 0:
+        print("GRID " + json.dumps({"seconds": statistics.median(times),
+                                    "memory": max(grown_all)}), flush=True)
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mpirun(command: list[str], timeout: float, env_extra=None) -> str:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               SHOAL_JOB_ID=uuid.uuid4().hex[:12], SHOAL_COLLECTIVE_TIMEOUT="120",
+               **(env_extra or {}))
+    argv = [*MPIRUN, "-np", str(RANKS)]
+    for name in ("MASTER_ADDR", "MASTER_PORT", "SHOAL_JOB_ID", "SHOAL_COLLECTIVE_TIMEOUT",
+                 *(env_extra or {})):
+        argv += ["-x", name]
+    wrapped = " ".join(f"'{part}'" for part in command)
+    argv += ["bash", "-c", f"SHOAL_HOST=h$((OMPI_COMM_WORLD_RANK/{PER_HOST})) exec {wrapped}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"exit {done.returncode}: " + (done.stdout + done.stderr)[-3000:])
+    return done.stdout
+
+
+def calibrate(timeout: float):
+    from shoal.planning import calibrate as calibrate_
+
+    with tempfile.TemporaryDirectory(prefix="shoal-grid-") as folder:
+        out = os.path.join(folder, "calibration.json")
+        mpirun([sys.executable, "-m", "shoal.profiler.calibration", "--out", out,
+                "--hidden", "256"], timeout)
+        return calibrate_.read(out)
+
+
+def run_config(args, model: str, params: dict, per_rank: int, ckpt: bool) -> dict:
+    config = json.dumps({"parameters": params, "batch_per_rank": per_rank})
+    env = {"SHOAL_ACTIVATION_CHECKPOINTING": "blocks" if ckpt else "off"}
+    out = mpirun([sys.executable, HERE, "worker", "--model", model, "--config", config,
+                  "--steps", str(args.steps), "--warmup", str(args.warmup)], args.timeout, env)
+    line = next(line for line in out.splitlines() if line.startswith("GRID "))
+    return json.loads(line[5:])
+
+
+def parameters(c, precision="fp32") -> dict:
+    params = {"pipeline_parallel_degree": c.pipeline, "microbatches": c.microbatches,
+              "ddp": True, "placement_strategy": "cluster"}
+    if c.tensor > 1:
+        params.update(tensor_parallel_degree=c.tensor, prescaled_batch=True)
+    if c.sharded > 1:
+        params["sharded_data_parallel_degree"] = c.sharded
+    if c.optimizer_sharding:
+        params["shard_optimizer_state"] = True
+    return params
+
+
+def spearman(xs, ys) -> float:
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):  # ties share their average rank
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def tiny_reserve(args) -> float:
+    """Peak RSS growth of a one-layer model under data parallelism: the runtime's own memory."""
+    out = mpirun([sys.executable, HERE, "worker", "--model", "tiny", "--config", json.dumps(
+        {"parameters": {"ddp": True}, "batch_per_rank": 1}), "--steps", "2", "--warmup", "1"],
+        args.timeout)
+    line = next(line for line in out.splitlines() if line.startswith("GRID "))
+    return float(json.loads(line[5:])["memory"])
+
+
+def grid(args, model: str, calibration, reserve: float) -> dict:
+    import math
+
+    import attrs
+    from shoal.planning import strategy
+    from shoal.planning.costs import CostModel, Workload
+
+    prof = profile(model)
+    hw = strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
+        processes_per_host=PER_HOST), calibration)
+    hw = attrs.evolve(hw, memory=math.inf)
+    costs = CostModel(Workload(prof, args.batch, "fp32", "adam"), hw)
+    candidates = list(strategy.candidates(prof, hw, args.batch,
+                                          max_microbatches=args.max_microbatches))
+    if args.quick:
+        candidates = candidates[:: max(1, len(candidates) // 3)][:3]
+    rows = []
+    for c in candidates:
+        e = costs.estimate(c)
+        try:
+            measured = run_config(args, model, parameters(c), args.batch // c.data,
+                                  c.checkpointing)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            measured = {"error": str(error)[-400:]}
+        rows.append({"config": strategy.describe(c), "predicted_seconds": e.step_seconds,
+                     "predicted_memory": e.memory_bytes + reserve, **measured})
+        print(f"  {model}: {rows[-1]['config']}: predicted {e.step_seconds:.3f} s, measured "
+              f"{measured.get('seconds', float('nan')):.3f} s", file=sys.stderr, flush=True)
+    return summarize(model, rows, args.budget_fraction)
+
+
+def summarize(model: str, rows: list, budget_fraction: float) -> dict:
+    ok = [r for r in rows if "seconds" in r]
+    budget = budget_fraction * max(r["memory"] for r in ok)
+    fit_predicted = [r for r in ok if r["predicted_memory"] <= budget]
+    fit_measured = [r for r in ok if r["memory"] <= budget]
+    pick = min(fit_predicted, key=lambda r: r["predicted_seconds"]) if fit_predicted else None
+    best = min(fit_measured, key=lambda r: r["seconds"]) if fit_measured else None
+    regret = pick["seconds"] / best["seconds"] - 1 if pick and best else None
+    return {"model": model, "rows": rows, "budget": budget,
+            "spearman": spearman([r["predicted_seconds"] for r in ok],
+                                 [r["seconds"] for r in ok]),
+            "pick": pick and pick["config"], "best": best and best["config"], "regret": regret,
+            "over_budget": [r["config"] for r in fit_predicted if r["memory"] > budget],
+            "failed": [r["config"] for r in rows if "seconds" not in r]}
+
+
+def report(results: list, calibration, reserve: float) -> None:
+    mib = 1024 * 1024
+    print(f"calibration: {calibration}")
+    print(f"runtime reserve: {reserve / mib:.0f} MiB per rank\n")
+    for result in results:
+        print(f"## {result['model']} ({len(result['rows'])} configurations, memory budget "
+              f"{result['budget'] / mib:.0f} MiB per rank)\n")
+        print("| configuration | predicted s | measured s | predicted MiB | measured MiB |")
+        print("|---|---|---|---|---|")
+        for r in sorted(result["rows"], key=lambda r: r.get("seconds", math_inf())):
+            print(f"| {r['config']} | {r['predicted_seconds']:.3f} | "
+                  f"{r.get('seconds', float('nan')):.3f} | {r['predicted_memory'] / mib:.0f} | "
+                  f"{r.get('memory', float('nan')) / mib:.0f} |")
+        regret = result["regret"]
+        print(f"\nSpearman {result['spearman']:.2f}; pick: {result['pick']}; best measured: "
+              f"{result['best']}; regret {'n/a' if regret is None else f'{regret:.1%}'}; "
+              f"predicted to fit but over budget: {result['over_budget'] or 'none'}; "
+              f"failed: {result['failed'] or 'none'}\n")
+
+
+def math_inf() -> float:
+    return float("inf")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    w = sub.add_parser("worker")
+    w.add_argument("--model", choices=(*MODELS, "tiny"), required=True)
+    w.add_argument("--config", required=True)
+    w.add_argument("--steps", type=int, default=4)
+    w.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--max-microbatches", type=int, default=4)
+    parser.add_argument("--budget-fraction", type=float, default=0.7)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", help="Write the results here too.")
+    parser.add_argument("--quick", action="store_true",
+                        help="Three configurations per model, 2 steps: checks the harness.")
+    args = parser.parse_args()
+    if args.command == "worker":
+        worker(args)
+        return 0
+    if shutil.which(MPIRUN[0]) is None:
+        print("mpirun not found", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.steps, args.warmup = 2, 1
+    calibration = calibrate(args.timeout)
+    reserve = tiny_reserve(args)
+    results = [grid(args, model, calibration, reserve) for model in args.models.split(",")]
+    report(results, calibration, reserve)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump({"calibration": str(calibration), "reserve": reserve,
+                       "results": results}, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -84,6 +84,9 @@ class Constraints:
     # the model-parallel library must beat plain data parallelism by this much to be chosen:
     # its per-step work (splitting microbatches, hooks, tracing) is not in the cost model
     library_margin: float = 0.05
+    # configurations within this fraction of the fastest count as equally fast; of those the
+    # one with the most memory to spare is chosen (memory estimates err, OOMs cost a job)
+    near: float = 0.02
 
     def __attrs_post_init__(self):
         unknown = sorted(set(self.pins) - set(PINS))
@@ -216,9 +219,19 @@ def plan_strategy(model, *, global_batch: int, instance_type: str, instance_coun
         raise ValidationError(_too_big(model, found, hw, global_batch, instance_type,
                                        instance_count, precision, optimizer, constraints,
                                        calibration, sequence_length))
+    _prefer_headroom(fitting, constraints.near)
     best = _prefer_plain(fitting, constraints.library_margin)
-    return _plan(best, fitting, found, hw, workload, instance_type, len(found),
+    return _plan(best, fitting, found, hw, workload, instance_type, constraints,
                  time.perf_counter() - started)
+
+
+def _prefer_headroom(fitting: list, near: float) -> None:
+    """Move the leanest of the configurations within ``near`` of the fastest to the front."""
+    limit = fitting[0].step_seconds * (1 + near)
+    close = [e for e in fitting if e.step_seconds <= limit]
+    leanest = min(close, key=lambda e: (e.memory_bytes, _order(e)))
+    fitting.remove(leanest)
+    fitting.insert(0, leanest)
 
 
 def _prefer_plain(fitting: list, margin: float) -> Estimate:
@@ -371,6 +384,9 @@ def _why_lost(e: Estimate, best: Estimate, hw: Hardware) -> str:
         if _plain(best.candidate):
             return (f"{-slower:.0%} faster by the model, within the margin that keeps plain "
                     "data parallelism (no model-parallel library)")
+        if slower < 0:
+            return (f"{-slower:.1%} faster by the model but with less memory to spare "
+                    f"({e.memory_bytes / GIB:.1f} GiB per device)")
         return "as fast by the model; the pick uses fewer model-parallel ranks or features"
     return (f"{slower:.0%} slower: {term.replace('_', ' ')} "
             f"+{worse[term] * 1000:.1f} ms per step")
@@ -418,16 +434,18 @@ def _check_legal(dist: dict, hw: Hardware) -> None:
         smp_config.validate_world(cfg, hw.devices, hw.gpus_per_host)
 
 
-def _plan(best: Estimate, fitting, found, hw, workload, instance_type, considered,
+def _plan(best: Estimate, fitting, found, hw, workload, instance_type, constraints,
           seconds) -> StrategyPlan:
     c = best.candidate
     predicted = _predicted(best, workload, hw)
     dist = distribution(c, hw, workload.precision, instance_type)
     _check_legal(dist, hw)
-    alternatives = _alternatives(best, fitting, found, hw, workload, 4)
-    how = ("plain data parallelism, within the library margin of the fastest"
-           if _plain(c) and fitting[1:] and fitting[1].step_seconds < best.step_seconds
-           else "the fastest")
+    alternatives = _alternatives(best, fitting, found, hw, workload, constraints.alternatives)
+    how = "the fastest"
+    if fitting[1:] and fitting[1].step_seconds < best.step_seconds:
+        how = ("plain data parallelism, within the library margin of the fastest" if _plain(c)
+               else f"the one with the most memory to spare within {constraints.near:.0%} of "
+               "the fastest")
     reason = (f"{describe(c)}: {how} of {len(fitting)} configurations that fit "
               f"({len(found) - len(fitting)} of {len(found)} do not), "
               f"{predicted['memory_gib_per_device']:.1f} of {hw.memory / GIB:.1f} GiB per "
@@ -441,4 +459,4 @@ def _plan(best: Estimate, fitting, found, hw, workload, instance_type, considere
         alternatives=alternatives, reason=reason,
         environment={CHECKPOINTING_ENV: "blocks"} if c.checkpointing else {},
         script_change=SCRIPT_CHANGE if c.checkpointing else None,
-        batch_per_rank=per_rank, considered=considered, plan_seconds=seconds)
+        batch_per_rank=per_rank, considered=len(found), plan_seconds=seconds)

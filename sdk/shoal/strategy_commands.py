@@ -141,7 +141,9 @@ def _print(plan) -> None:
 
     p = plan.predicted
     console = _console()
-    console.print(f"[bold]{plan.reason.split(':')[0]}[/]")
+    chosen, _, why = plan.reason.partition(": ")
+    console.print(f"[bold]{chosen}[/]")
+    console.print(f"  why: {why}", markup=False)
     console.print(f"  step {p['step_seconds']:.3f} s, {p['samples_per_second']:.1f} samples/s, "
                   f"{p['tflops_per_device']:.1f} TFLOP/s per device; "
                   f"{p['memory_gib_per_device']:.1f} of {p['memory_gib_usable']:.1f} GiB",

@@ -1,0 +1,33 @@
+"""The calibration probe's arithmetic: alpha-beta from two sizes, one figure per key."""
+
+import numpy as np
+import pytest
+from shoal.profiler import calibration
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_alpha_and_bandwidth_are_recovered_from_two_all_reduce_times(ranks):
+    alpha, bw = 20e-6, 3e9
+
+    def seconds(n):  # ring all-reduce: 2 (r - 1) hops, 2 (r - 1) / r of the buffer each rank
+        return 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n / bw
+
+    got_alpha, got_bw = calibration._alpha_beta(ranks, seconds(calibration.SMALL),
+                                                seconds(calibration.LARGE))
+    assert got_alpha == pytest.approx(alpha, rel=1e-6)
+    assert got_bw == pytest.approx(bw, rel=1e-6)
+
+
+def test_noise_never_gives_a_negative_latency():
+    alpha, bw = calibration._alpha_beta(2, 1e-9, 1e-2)
+    assert alpha == 0.0 and bw > 0
+
+
+def test_each_figure_is_the_slowest_ranks():
+    keys = calibration.KEYS
+    rows = np.full((3, len(keys)), np.nan)
+    rows[:, keys.index("flops")] = [3e9, 1e9, 2e9]
+    rows[:, keys.index("layer_overhead")] = [1e-4, 3e-4, 2e-4]
+    rows[:, keys.index("alpha_net")] = [5e-6, np.nan, 7e-6]
+    merged = calibration._merge(rows)
+    assert merged == {"flops": 1e9, "layer_overhead": 3e-4, "alpha_net": 7e-6}

@@ -41,7 +41,7 @@ def _pins(values) -> dict:
     return pins
 
 
-def _model(model: str, sample_input_shape: str | None):
+def _model(model: str, sample_input_shape: str | None, measure_blocks: bool = False):
     if ".py:" not in model:  # a description (parse_description says what is wrong)
         return model
     if not sample_input_shape:
@@ -54,7 +54,7 @@ def _model(model: str, sample_input_shape: str | None):
     except ValueError:
         raise click.BadParameter(f"expected comma-separated ints (got {sample_input_shape!r})",
                                  param_hint="--sample-input-shape") from None
-    return profile_factory(model, shape)
+    return profile_factory(model, shape, measure_blocks=measure_blocks)
 
 
 def _calibration(path, calibrate: bool, instance_type, instance_count, processes_per_host,
@@ -90,6 +90,8 @@ def _calibration(path, calibrate: bool, instance_type, instance_count, processes
 @click.command()
 @click.option("--model", required=True, help=MODEL_HELP)
 @click.option("--sample-input-shape", help="Sample input shape for a model factory, batch first.")
+@click.option("--measure-blocks", is_flag=True,
+              help="Time one block of a factory's model on this machine against a matmul.")
 @click.option("--global-batch", type=int, required=True, help="Samples per optimizer step.")
 @click.option("--instance-type", required=True)
 @click.option("--instance-count", type=int, default=1, show_default=True)
@@ -113,7 +115,7 @@ def _calibration(path, calibrate: bool, instance_type, instance_count, processes
               help="Where --calibrate saves what it measured, for --calibration.")
 @click.option("--role", help="IAM role of the --calibrate job on SageMaker.")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def strategy(model, sample_input_shape, global_batch, instance_type, instance_count, precision,
+def strategy(model, sample_input_shape, measure_blocks, global_batch, instance_type, instance_count, precision,
              optimizer, sequence_length, pins, processes_per_host, efficiency,
              calibration_file, calibrate, calibration_out, role, output):
     """The parallelism a model should train with on a cluster, and why."""
@@ -121,7 +123,8 @@ def strategy(model, sample_input_shape, global_batch, instance_type, instance_co
 
     constraints = Constraints(pins=_pins(pins), processes_per_host=processes_per_host,
                               efficiency=efficiency)
-    plan = plan_strategy(_model(model, sample_input_shape), global_batch=global_batch,
+    plan = plan_strategy(_model(model, sample_input_shape, measure_blocks),
+                         global_batch=global_batch,
                          instance_type=instance_type, instance_count=instance_count,
                          precision=precision, optimizer=optimizer,
                          sequence_length=sequence_length, constraints=constraints,

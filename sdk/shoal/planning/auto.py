@@ -12,7 +12,8 @@ The training figures come from ``model_description``'s planner keys or the hyper
 * ``precision``: ``fp32``/``fp16``/``bf16`` (or hyperparameters ``fp16``/``bf16`` true);
 * ``optimizer`` (or hyperparameter ``optimizer``), default ``adam``;
 * ``pins``: degrees to keep, as ``shoal plan strategy --pin``;
-* ``sample_input_shape``: for a factory; ``processes_per_host``: for local mode.
+* ``sample_input_shape`` for a factory, and ``measure_blocks`` to time one of its blocks here;
+* ``processes_per_host``: for local mode.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from shoal.planning.strategy import Constraints, StrategyPlan, plan_strategy
 log = logging.getLogger("shoal.planning")
 
 PLANNER_KEYS = ("global_batch", "precision", "optimizer", "pins", "sample_input_shape",
-                "processes_per_host", "efficiency")
+                "measure_blocks", "processes_per_host", "efficiency")
 BATCH_HYPERPARAMETERS = ("global_batch_size", "global_batch")
 _MODEL_HYPERPARAMETERS = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads")
 
@@ -111,7 +112,8 @@ def plan_job(description, hyperparameters: Mapping, instance_type: str,
         if not shape:
             raise ValidationError("a model factory needs 'sample_input_shape' in "
                                   "model_description (batch first, for example [8, 3, 224, 224])")
-        model = profile_factory(model, shape)
+        model = profile_factory(model, shape,
+                                measure_blocks=bool(settings.get("measure_blocks")))
     return plan_strategy(model, global_batch=_global_batch(description, hyperparameters),
                          instance_type=instance_type, instance_count=instance_count,
                          precision=_precision(description, hyperparameters),

@@ -35,6 +35,7 @@ class Layer:
     tp_comm: float = 0.0  # bytes per sample all-reduced in the forward under tensor parallelism
     split: bool = False  # tensor parallelism splits its parameters and FLOPs
     repeated: bool = False  # one of the model's stack of identical blocks (checkpointed ones)
+    speed: float = 1.0  # its FLOP rate relative to a large matmul's, where measured
 
 
 @attrs.frozen

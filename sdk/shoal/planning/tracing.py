@@ -71,8 +71,10 @@ def _runs(children):
         yield run
 
 
-def profile_factory(spec: str, sample_shape, *, name: str | None = None) -> ModelProfile:
-    """Build ``spec``'s model on the meta device and profile it with a sample input."""
+def profile_factory(spec: str, sample_shape, *, name: str | None = None,
+                    measure_blocks: bool = False) -> ModelProfile:
+    """Build ``spec``'s model on the meta device and profile it with a sample input; with
+    ``measure_blocks``, time one block on this machine too (:mod:`shoal.planning.timing`)."""
     import torch
 
     factory = load_factory(spec)
@@ -84,7 +86,12 @@ def profile_factory(spec: str, sample_shape, *, name: str | None = None) -> Mode
                               f"{exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise ValidationError(f"{spec!r} returned {type(model).__name__}, not an nn.Module")
-    return profile_module(model, sample_shape, name=name or spec)
+    profile = profile_module(model, sample_shape, name=name or spec)
+    if measure_blocks:
+        from shoal.planning.timing import measure_block_speed
+
+        profile = measure_block_speed(model, profile)
+    return profile
 
 
 def _sample(model, shape):
@@ -115,6 +122,7 @@ class _Trace:
         self.flops, self.saved, self.boundary, self.tp = {}, {}, {}, {}
         self.counter = None
         self.mark = 0.0
+        self.block_input: list = []
 
     def total(self) -> float:
         return float(sum(self.counter.get_flop_counts().get("Global", {}).values()))
@@ -137,7 +145,7 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
     handles = []
     for index, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(
-            lambda _m, _a, i=index: trace.switch(f"block{i}")))
+            lambda _m, args, i=index: _enter(trace, f"block{i}", args)))
         handles.append(block.register_forward_hook(lambda _m, _a, out, i=index: _leave(
             trace, f"block{i}", out)))
     for module in model.modules():
@@ -164,6 +172,13 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
         for handle in handles:
             handle.remove()
     return _profile(model, name, stack, trace, x.shape[0], out)
+
+
+def _enter(trace: _Trace, name: str, args) -> None:
+    trace.switch(name)
+    if name == "block0":  # what a block is called with, for timing one on this machine
+        trace.block_input = [(tuple(a.shape), str(a.dtype).replace("torch.", ""))
+                             for a in args if hasattr(a, "shape")]
 
 
 def _leave(trace: _Trace, name: str, out) -> None:
@@ -208,9 +223,9 @@ def _profile(model, name, stack, trace: _Trace, batch: int, out) -> ModelProfile
         layers.append(_layer(trace, "prologue", other, batch, boundary=_out_bytes(out) / batch,
                              split=_has_linear(model)))
     layers = [layer for layer in layers if layer.params or layer.flops or layer.repeated]
-    return ModelProfile(name, layers, description={"factory": name, "stack": stack[0] if stack
-                                                   else None, "blocks": len(blocks),
-                                                   "torch": torch.__version__})
+    return ModelProfile(name, layers, description={
+        "factory": name, "stack": stack[0] if stack else None, "blocks": len(blocks),
+        "block_input": trace.block_input, "sample_batch": batch, "torch": torch.__version__})
 
 
 def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True) -> Layer:

@@ -64,7 +64,7 @@ NEMO_GRID = [(1, 1, 1, 1, 227.9), (1, 2, 1, 1, 215.7), (1, 1, 2, 1, 210.6), (1, 
              (4, 2, 1, 2, 174.7), (2, 2, 2, 1, 172.6), (4, 1, 1, 1, 169.8), (4, 1, 2, 2, 162.2),
              (4, 2, 1, 1, 162.0), (4, 1, 2, 1, 145.2)]
 LLAMA3_8B = TransformerSpec(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=8192,
-                            vocab=128256, tied=False, gated=True, flash=True)
+                            vocab=128256, tied=False, gated=True, flash=True, dropout=False)
 # SMP v1 docs, best practices, "Reference configurations" (GPT-2, s 512): (name, p4d hosts,
 # batch per tensor-parallel group, t, p, microbatches). The docs give sizes, not shapes: the
 # shapes below are GPT-2-style ones of about that size (12 L h^2).

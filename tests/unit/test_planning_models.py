@@ -181,8 +181,8 @@ def test_from_mapping_reads_string_values_and_refuses_unknown_or_non_int_ones():
     assert from_mapping({"layers": "2", "hidden": "64", "heads": "4", "seq": "16",
                          "vocab": "100", "flash": "yes"}).flash is True
     base = {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100}
-    with pytest.raises(ValidationError, match="unknown key.*dropout"):
-        from_mapping({**base, "dropout": 1})
+    with pytest.raises(ValidationError, match="unknown key.*dropouts"):
+        from_mapping({**base, "dropouts": 1})
     with pytest.raises(ValidationError, match="'hidden' must be an int"):
         from_mapping({**base, "hidden": 64.0})
     with pytest.raises(ValidationError, match="'layers' must be an int"):

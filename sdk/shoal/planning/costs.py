@@ -266,9 +266,10 @@ class CostModel:
 
     def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:
         t = c.tensor
-        if c.checkpointing:
-            per_sample = (s.act_split_other / t + s.act_kept_other + s.boundaries
-                          + s.block_split / t + s.block_kept)
+        recomputing = 0.0
+        if c.checkpointing:  # blocks keep their input; one at a time is whole, recomputed
+            per_sample = s.act_split_other / t + s.act_kept_other + s.boundaries
+            recomputing = (s.block_split / t + s.block_kept) * micro * self.w.activation_scale
         else:
             per_sample = s.act_split / t + s.act_kept
         if c.pipeline == 1:
@@ -277,7 +278,7 @@ class CostModel:
             in_flight = min(c.microbatches, c.pipeline + 2)
         else:
             in_flight = min(c.microbatches, c.pipeline)
-        return per_sample * micro * self.w.activation_scale * in_flight
+        return per_sample * micro * self.w.activation_scale * in_flight + recomputing
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float) -> dict:
         """Times of one microbatch's forward and backward on this stage, and step terms."""
@@ -329,20 +330,16 @@ class CostModel:
             "sharded_data_parallel": m * (exposed_sdp + s["sharded_fixed"]),
         }
         dp = self._data_parallel(c, s["params"])
+        gather = 0.0
+        if c.optimizer_sharding:  # a reduce-scatter behind the backward, an all-gather after
+            dp, gather = dp / 2, dp / 2
         time["data_parallel"] = self.exposed(dp, s["backward"])
-        time["optimizer"] = self._optimizer(c, s["params"])
+        time["optimizer"] = self._optimizer(c, s["params"]) + gather
         return time
 
     def exposed(self, comm: float, window: float) -> float:
         """What of ``comm`` seconds of communication computation lasting ``window`` leaves."""
         return comm - min(self.hw.overlap * comm, window)
-
-    def _group_bandwidth(self, ranks: int, stride: int) -> tuple[float, float]:
-        """Bandwidth and latency of a group of ``ranks`` spaced ``stride`` apart."""
-        hw = self.hw
-        if ranks * stride <= hw.gpus_per_host:
-            return hw.intra_bw, hw.alpha_intra
-        return hw.net_bw / hw.gpus_per_host, hw.alpha_net
 
     def _data_parallel(self, c: Candidate, params: float) -> float:
         """All-reduce of one stage's gradients across the data-parallel replicas."""
@@ -362,11 +359,7 @@ class CostModel:
         return intra + inter
 
     def _optimizer(self, c: Candidate, params: float) -> float:
-        hw, w = self.hw, self.w
+        """The update itself, bound by memory bandwidth, on the parameters this rank owns."""
+        w = self.w
         owned = params / (c.data if c.optimizer_sharding else c.sharded)
-        touched = owned * 2 * (2 * w.weight_bytes + w.state_bytes)  # read and write
-        gather = 0.0
-        if c.optimizer_sharding and c.data > 1:  # updated weights go back to every replica
-            bw, alpha = self._group_bandwidth(c.data, c.tensor * c.pipeline)
-            gather = gather_time(params * w.weight_bytes, c.data, bw, alpha)
-        return touched / hw.hbm + gather
+        return owned * 2 * (2 * w.weight_bytes + w.state_bytes) / self.hw.hbm  # read, write

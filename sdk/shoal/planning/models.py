@@ -90,6 +90,7 @@ class TransformerSpec:
     tied: bool = True  # the output layer shares the embedding's weight
     gated: bool = False  # SwiGLU-style MLP: three matrices instead of two
     flash: bool = False  # attention that does not keep the score matrices (FlashAttention)
+    dropout: bool = True  # GPT-style dropout masks (Llama has none)
 
     def __attrs_post_init__(self):
         if self.hidden % self.heads:
@@ -117,12 +118,14 @@ class TransformerSpec:
         block_params = attention + mlp + 4 * h  # two layer norms
         # 2 FLOPs per weight per token, plus QK^T and the weighted sum of V
         block_flops = 2 * s * (attention + mlp) + 4 * s * s * h
-        scores = 0 if self.flash else 5 * a * s * s  # softmax input, output and dropout mask
+        # softmax output, and with dropout its mask (1 byte) and output
+        scores = 0 if self.flash else (5 if self.dropout else 2) * a * s * s
+        kept = 10 if self.dropout else 8  # layer-norm and matmul inputs, two dropout masks
         # Korthikanti et al., table 2: sbh(10 + 24/t + 5as/(ht)) bytes; of the 24, 16 are the
         # MLP's (4 * 4h), so they follow its width, as Megatron's memory estimate does
         mlp_act = (6 if self.gated else 4) * s * self.ffn_
         block = Layer("block", block_params, block_flops, act_split=8 * s * h + mlp_act + scores,
-                      act_kept=10 * s * h, boundary=2 * s * h, tp_comm=2 * 2 * s * h,
+                      act_kept=kept * s * h, boundary=2 * s * h, tp_comm=2 * 2 * s * h,
                       split=True, repeated=True)
         embedding = Layer("embedding", v * h + s * h, 0.0, act_split=0.0, act_kept=2 * s * h,
                           boundary=2 * s * h, tp_comm=2 * s * h, split=True)
@@ -141,7 +144,7 @@ def _nearest_divisor(n: int, near: int) -> int:
 
 
 _KEYS = {"layers": int, "hidden": int, "heads": int, "seq": int, "vocab": int, "ffn": int,
-         "kv_heads": int, "tied": bool, "gated": bool, "flash": bool}
+         "kv_heads": int, "tied": bool, "gated": bool, "flash": bool, "dropout": bool}
 KEY_ALIASES = {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
                 "sequence_length": "seq", "seq_len": "seq", "seq_length": "seq",
                 "vocab_size": "vocab",

@@ -28,10 +28,10 @@ largest growth of peak RSS over the ranks. The models:
 
 The table: each configuration's predicted and measured step time and memory. Below it, per
 model: the Spearman rank correlation of predicted and measured step times, the planner's pick
-among the configurations predicted to fit a memory budget (``--budget-fraction`` of the
-largest measured growth) and its regret against the fastest measured configuration within
-the budget, and every configuration predicted to fit that measured over the budget (none
-wanted). Goals: regret <= 10 %, Spearman >= 0.8, no such configuration.
+(``plan_strategy`` for this cluster, calibrated, with a memory budget per rank of
+``--budget-fraction`` of the largest measured growth, less the reserve) and its regret against
+the fastest measured configuration within the budget, and every configuration predicted to
+fit that measured over the budget (none wanted). Goals: regret <= 10 %, Spearman >= 0.8, no such configuration.
 """
 
 from __future__ import annotations
@@ -326,15 +326,41 @@ def grid(args, model: str, calibration, reserve: float) -> dict:
                      "predicted_memory": e.memory_bytes + reserve, **measured})
         print(f"  {model}: {rows[-1]['config']}: predicted {e.step_seconds:.3f} s, measured "
               f"{measured.get('seconds', float('nan')):.3f} s", file=sys.stderr, flush=True)
-    return summarize(model, rows, args.budget_fraction)
-
-
-def summarize(model: str, rows: list, budget_fraction: float) -> dict:
     ok = [r for r in rows if "seconds" in r]
-    budget = budget_fraction * max(r["memory"] for r in ok)
+    budget = args.budget_fraction * max(r["memory"] for r in ok) if ok else 0.0
+    return summarize(model, rows, budget, planned(args, prof, calibration, budget - reserve))
+
+
+def planned(args, prof, calibration, memory: float) -> str | None:
+    """The planner's own choice for the grid's cluster within ``memory`` bytes per rank."""
+    import attrs
+    from shoal.errors import ValidationError
+    from shoal.planning import strategy
+
+    try:
+        plan = strategy.plan_strategy(
+            prof, global_batch=args.batch, instance_type="local", instance_count=HOSTS,
+            constraints=strategy.Constraints(processes_per_host=PER_HOST,
+                                             max_microbatches=args.max_microbatches),
+            calibration=attrs.evolve(calibration, memory=memory))
+    except ValidationError:
+        return None
+    d = plan.degrees
+    params = plan.distribution.get("smdistributed", {}).get("modelparallel", {}).get(
+        "parameters", {})
+    return strategy.describe(strategy.Candidate(
+        d["tensor"], d["pipeline"], d["data"], d["sharded_data"],
+        bool(params.get("shard_optimizer_state")), plan.microbatches,
+        plan.activation_checkpointing))
+
+
+def summarize(model: str, rows: list, budget: float, pick_config: str | None) -> dict:
+    """Spearman, the planner's pick against the best measured within ``budget``, and
+    configurations predicted to fit that did not."""
+    ok = [r for r in rows if "seconds" in r]
     fit_predicted = [r for r in ok if r["predicted_memory"] <= budget]
     fit_measured = [r for r in ok if r["memory"] <= budget]
-    pick = min(fit_predicted, key=lambda r: r["predicted_seconds"]) if fit_predicted else None
+    pick = next((r for r in ok if r["config"] == pick_config), None)
     best = min(fit_measured, key=lambda r: r["seconds"]) if fit_measured else None
     regret = pick["seconds"] / best["seconds"] - 1 if pick and best else None
     return {"model": model, "rows": rows, "budget": budget,

@@ -1,0 +1,39 @@
+"""benchmarks/planner_grid.py's arithmetic: rank correlation, regret, the memory budget."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+PATH = pathlib.Path(__file__).parents[2] / "benchmarks" / "planner_grid.py"
+spec = importlib.util.spec_from_file_location("planner_grid", PATH)
+grid = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(grid)
+
+
+def test_spearman_is_one_for_the_same_order_and_minus_one_reversed():
+    assert grid.spearman([1, 2, 3, 4], [10, 20, 25, 90]) == pytest.approx(1.0)
+    assert grid.spearman([1, 2, 3, 4], [9, 7, 5, 1]) == pytest.approx(-1.0)
+    # one swap of four: 1 - 6 * 2 / (4 * 15) = 0.8
+    assert grid.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+
+
+def test_spearman_gives_ties_their_average_rank():
+    assert grid.spearman([1, 1, 2], [5, 5, 9]) == pytest.approx(1.0)
+
+
+def row(config, predicted, seconds, predicted_memory, memory):
+    return {"config": config, "predicted_seconds": predicted, "seconds": seconds,
+            "predicted_memory": predicted_memory, "memory": memory}
+
+
+def test_the_summary_measures_the_pick_against_the_best_within_the_budget():
+    rows = [row("a", 1.0, 1.1, 50, 60), row("b", 2.0, 1.0, 50, 200), row("c", 3.0, 1.2, 50, 70),
+            {"config": "d", "predicted_seconds": 1.0, "predicted_memory": 1, "error": "x"}]
+    result = grid.summarize("m", rows, budget=100, pick_config="a")
+    assert result["best"] == "a"  # "b" is faster but over the budget
+    assert result["regret"] == pytest.approx(0.0)
+    assert result["over_budget"] == ["b"]  # predicted to fit, measured over
+    assert result["failed"] == ["d"]
+    slower = grid.summarize("m", rows, budget=100, pick_config="c")
+    assert slower["regret"] == pytest.approx(1.2 / 1.1 - 1)

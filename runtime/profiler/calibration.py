@@ -32,7 +32,7 @@ import numpy as np
 SMALL, LARGE = 8 * 1024, 8 * 1024 * 1024  # bytes of the two all-reduce sizes
 
 
-def _timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs, after one warm-up."""
     fn()
     times = []
@@ -48,7 +48,7 @@ def matmul_rate(hidden: int, repeats: int) -> float:
 
     a, b = torch.randn(hidden, hidden), torch.randn(hidden, hidden)
     calls = max(1, int(2e9 / (2 * hidden**3)))  # about two GFLOP per timing
-    seconds = _timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
+    seconds = timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
     return 2 * hidden**3 * calls / seconds
 
 
@@ -63,21 +63,21 @@ def layer_overhead(repeats: int) -> float:
         for _ in range(calls):
             layer(x).sum().backward()
 
-    return _timed(run, repeats) / calls / 3
+    return timed(run, repeats) / calls / 3
 
 
 def memory_bandwidth(repeats: int) -> float:
     import torch
 
     a, b = torch.zeros(16 * 1024 * 1024), torch.ones(16 * 1024 * 1024)  # 64 MiB each
-    seconds = _timed(lambda: a.add_(b), repeats)
+    seconds = timed(lambda: a.add_(b), repeats)
     return 3 * a.numel() * 4 / seconds  # read a and b, write a
 
 
 def allreduce_seconds(core, group, nbytes: int, repeats: int) -> float:
     array = np.ones(nbytes // 4, dtype=np.float32)
     core.barrier()
-    return _timed(lambda: core.allreduce(array, group=group), repeats)
+    return timed(lambda: core.allreduce(array, group=group), repeats)
 
 
 def _alpha_beta(ranks: int, small: float, large: float) -> tuple[float, float]:
@@ -95,7 +95,7 @@ def overlap(core, group, hidden: int, repeats: int) -> float:
     array = np.ones(LARGE // 4, dtype=np.float32)
     comm = allreduce_seconds(core, group, LARGE, repeats)
     calls = max(1, int(comm * 2e9 / (2 * hidden**3)))  # about as long as the all-reduce
-    compute = _timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
+    compute = timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
 
     def both():
         worker = threading.Thread(target=lambda: core.allreduce(array, group=group))
@@ -105,7 +105,7 @@ def overlap(core, group, hidden: int, repeats: int) -> float:
         worker.join()
 
     core.barrier()
-    together = _timed(both, repeats)
+    together = timed(both, repeats)
     return float(min(1.0, max(0.0, (compute + comm - together) / comm)))
 
 

@@ -11,13 +11,12 @@ device too (the ratio carries over; the absolute time does not).
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 
 import attrs
 
 from shoal.planning.models import ModelProfile
 from shoal.planning.tracing import main_stack
+from shoal.profiler.calibration import matmul_rate, timed
 
 SPEED_RANGE = (0.01, 2.0)
 
@@ -40,26 +39,6 @@ def _inputs(shapes):
             for shape, dtype in shapes]
 
 
-def _seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
-def matmul_rate(size: int = 512, repeats: int = 3) -> float:
-    """FLOP/s of a square fp32 matmul on this machine."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    calls = max(1, int(5e8 / (2 * size**3)))
-    return 2 * size**3 * calls / _seconds(lambda: [torch.mm(a, b) for _ in range(calls)],
-                                         repeats)
-
-
 def measure_block_speed(model, profile: ModelProfile, repeats: int = 3) -> ModelProfile:
     """``profile`` with each repeated block's ``speed`` measured (unchanged without a stack)."""
     stack = main_stack(model)
@@ -75,10 +54,10 @@ def measure_block_speed(model, profile: ModelProfile, repeats: int = 3) -> Model
         sum(o.float().sum() for o in outs if hasattr(o, "is_floating_point")
             and o.is_floating_point()).backward()
 
-    seconds = _seconds(step, repeats)
+    seconds = timed(step, repeats)
     flops = next(layer.flops for layer in profile.layers if layer.repeated)
     batch = profile.description.get("sample_batch", 1)
-    ideal = 3 * flops * batch / matmul_rate()
+    ideal = 3 * flops * batch / matmul_rate(512, repeats)
     speed = min(max(ideal / seconds, SPEED_RANGE[0]), SPEED_RANGE[1])
     layers = [attrs.evolve(layer, speed=speed) if layer.repeated else layer
               for layer in profile.layers]

@@ -302,7 +302,7 @@ def grid(args, model: str, calibration, reserve: float) -> dict:
     import math
 
     import attrs
-    from shoal.planning import strategy
+    from shoal.planning import explain, strategy
     from shoal.planning.costs import CostModel, Workload
 
     prof = profile(model)
@@ -322,7 +322,7 @@ def grid(args, model: str, calibration, reserve: float) -> dict:
                                   c.checkpointing)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             measured = {"error": str(error)[-400:]}
-        rows.append({"config": strategy.describe(c), "predicted_seconds": e.step_seconds,
+        rows.append({"config": explain.describe(c), "predicted_seconds": e.step_seconds,
                      "predicted_memory": e.memory_bytes + reserve, **measured})
         print(f"  {model}: {rows[-1]['config']}: predicted {e.step_seconds:.3f} s, measured "
               f"{measured.get('seconds', float('nan')):.3f} s", file=sys.stderr, flush=True)
@@ -335,7 +335,7 @@ def planned(args, prof, calibration, memory: float) -> str | None:
     """The planner's own choice for the grid's cluster within ``memory`` bytes per rank."""
     import attrs
     from shoal.errors import ValidationError
-    from shoal.planning import strategy
+    from shoal.planning import costs, explain, strategy
 
     try:
         plan = strategy.plan_strategy(
@@ -348,7 +348,7 @@ def planned(args, prof, calibration, memory: float) -> str | None:
     d = plan.degrees
     params = plan.distribution.get("smdistributed", {}).get("modelparallel", {}).get(
         "parameters", {})
-    return strategy.describe(strategy.Candidate(
+    return explain.describe(costs.Candidate(
         d["tensor"], d["pipeline"], d["data"], d["sharded_data"],
         bool(params.get("shard_optimizer_state")), plan.microbatches,
         plan.activation_checkpointing))

@@ -25,6 +25,7 @@ import attrs
 
 from shoal import frameworks
 from shoal.errors import ValidationError
+from shoal.planning import explain
 from shoal.planning import instances as instances_
 from shoal.planning.costs import (
     GIB,
@@ -181,19 +182,6 @@ def _pinned(c: Candidate, pins: Mapping) -> bool:
     return all(values[k] == v for k, v in pins.items())
 
 
-def _plain(c: Candidate) -> bool:
-    """Runs without the model-parallel library (data parallelism alone)."""
-    return (c.tensor == c.pipeline == c.sharded == c.microbatches == 1
-            and not c.optimizer_sharding and not c.checkpointing)
-
-
-def _order(e: Estimate):
-    c = e.candidate
-    # ties go to fewer model-parallel ranks, then plainer features (Megatron's advice)
-    return (round(e.step_seconds, 9), c.model_parallel, c.sharded, c.checkpointing,
-            c.optimizer_sharding, c.microbatches)
-
-
 def plan_strategy(model, *, global_batch: int, instance_type: str, instance_count: int = 1,
                   precision: str = "fp32", optimizer: str = "adam",
                   sequence_length: int | None = None,
@@ -214,7 +202,7 @@ def plan_strategy(model, *, global_batch: int, instance_type: str, instance_coun
         max_microbatches=constraints.max_microbatches)]
     if not found:
         raise ValidationError(_no_candidate(profile, hw, global_batch, constraints.pins))
-    fitting = sorted((e for e in found if e.memory_bytes <= hw.memory), key=_order)
+    fitting = sorted((e for e in found if e.memory_bytes <= hw.memory), key=explain.order)
     if not fitting:
         raise ValidationError(_too_big(model, found, hw, global_batch, instance_type,
                                        instance_count, precision, optimizer, constraints,
@@ -229,7 +217,7 @@ def _prefer_headroom(fitting: list, near: float) -> None:
     """Move the leanest of the configurations within ``near`` of the fastest to the front."""
     limit = fitting[0].step_seconds * (1 + near)
     close = [e for e in fitting if e.step_seconds <= limit]
-    leanest = min(close, key=lambda e: (e.memory_bytes, _order(e)))
+    leanest = min(close, key=lambda e: (e.memory_bytes, explain.order(e)))
     fitting.remove(leanest)
     fitting.insert(0, leanest)
 
@@ -237,7 +225,7 @@ def _prefer_headroom(fitting: list, near: float) -> None:
 def _prefer_plain(fitting: list, margin: float) -> Estimate:
     """The fastest, unless plain data parallelism is within ``margin`` of it."""
     best = fitting[0]
-    plain = next((e for e in fitting if _plain(e.candidate)), None)
+    plain = next((e for e in fitting if explain.plain(e.candidate)), None)
     if plain is not None and plain.step_seconds <= best.step_seconds * (1 + margin):
         fitting.remove(plain)
         fitting.insert(0, plain)
@@ -297,7 +285,7 @@ def _too_big(model, found, hw, global_batch, instance_type, count, precision, op
                 "usable), and SageMaker runs neither smdistributed library on p5 instances: "
                 "use ml.p4de.24xlarge for model parallelism")
     message = (f"the model does not fit on {count} x {instance_type}: the leanest legal "
-               f"configuration ({describe(least.candidate)}) needs "
+               f"configuration ({explain.describe(least.candidate)}) needs "
                f"{least.memory_bytes / GIB:.1f} GiB per device, {hw.memory / GIB:.1f} GiB "
                "usable")
     for bigger in (2, 4, 8, 16, 32, 64, 128):
@@ -315,26 +303,9 @@ def _too_big(model, found, hw, global_batch, instance_type, count, precision, op
 
 
 # -- the answer ------------------------------------------------------------------------------
-def describe(c: Candidate) -> str:
-    parts = [f"data {c.data}"]
-    if c.tensor > 1:
-        parts.append(f"tensor {c.tensor}")
-    if c.pipeline > 1:
-        parts.append(f"pipeline {c.pipeline}")
-    if c.sharded > 1:
-        parts.append(f"sharded data {c.sharded}")
-    if c.optimizer_sharding:
-        parts.append("optimizer-state sharding")
-    if c.microbatches > 1:
-        parts.append(f"{c.microbatches} microbatches")
-    if c.checkpointing:
-        parts.append("activation checkpointing")
-    return ", ".join(parts)
-
-
 def distribution(c: Candidate, hw: Hardware, precision: str, instance_type: str) -> dict:
     """The estimator's ``distribution`` for a candidate."""
-    if _plain(c):
+    if explain.plain(c):
         if instance_type in SMDDP_INSTANCE_TYPES:
             return {"smdistributed": {"dataparallel": {"enabled": True}}}
         if frameworks.is_p5_instance(instance_type):
@@ -357,73 +328,6 @@ def distribution(c: Candidate, hw: Hardware, precision: str, instance_type: str)
             "mpi": {"enabled": True, "processes_per_host": hw.gpus_per_host}}
 
 
-def _degrees(c: Candidate) -> dict:
-    return {"data": c.data, "pipeline": c.pipeline, "tensor": c.tensor,
-            "sharded_data": c.sharded}
-
-
-def _predicted(e: Estimate, workload: Workload, hw: Hardware) -> dict:
-    step = e.step_seconds
-    model_flops = 3 * workload.profile.flops * workload.global_batch
-    return {"step_seconds": step, "samples_per_second": workload.global_batch / step,
-            "tflops_per_device": model_flops / step / hw.devices / 1e12,
-            "memory_gib_per_device": e.memory_bytes / GIB,
-            "memory_gib_usable": hw.memory / GIB,
-            "memory_gib": {k: v / GIB for k, v in e.memory.items()},
-            "seconds": dict(e.time)}
-
-
-def _why_lost(e: Estimate, best: Estimate, hw: Hardware) -> str:
-    if e.memory_bytes > hw.memory:
-        return (f"does not fit: {e.memory_bytes / GIB:.1f} GiB per device > "
-                f"{hw.memory / GIB:.1f} GiB usable")
-    worse = {k: e.time[k] - best.time.get(k, 0.0) for k in e.time}
-    term = max(worse, key=worse.get)
-    slower = e.step_seconds / best.step_seconds - 1
-    if slower <= 1e-9:
-        if _plain(best.candidate):
-            return (f"{-slower:.0%} faster by the model, within the margin that keeps plain "
-                    "data parallelism (no model-parallel library)")
-        if slower < 0:
-            return (f"{-slower:.1%} faster by the model but with less memory to spare "
-                    f"({e.memory_bytes / GIB:.1f} GiB per device)")
-        return "as fast by the model; the pick uses fewer model-parallel ranks or features"
-    return (f"{slower:.0%} slower: {term.replace('_', ' ')} "
-            f"+{worse[term] * 1000:.1f} ms per step")
-
-
-def _family(c: Candidate) -> str:
-    if _plain(c):
-        return "data"
-    if c.sharded > 1:
-        return "sharded"
-    return f"t{c.tensor}p{c.pipeline}"
-
-
-def _alternatives(best, fitting, found, hw, workload, limit: int) -> list:
-    chosen, families = [], {_family(best.candidate)}
-    for e in fitting[1:]:  # the best of each other family, then the nearest runners-up
-        if _family(e.candidate) not in families:
-            families.add(_family(e.candidate))
-            chosen.append(e)
-    for e in fitting[1:]:
-        if len(chosen) >= limit + 2:
-            break
-        if e not in chosen:
-            chosen.append(e)
-    plain = [e for e in found if _plain(e.candidate) and e.memory_bytes > hw.memory]
-    if plain and not _plain(best.candidate):  # say why plain data parallelism is not enough
-        chosen.append(min(plain, key=lambda e: e.memory_bytes))
-    chosen = sorted(chosen, key=_order)[:limit + 1]
-    return [{"degrees": _degrees(e.candidate), "microbatches": e.candidate.microbatches,
-             "activation_checkpointing": e.candidate.checkpointing,
-             "optimizer_sharding": e.candidate.optimizer_sharding,
-             "description": describe(e.candidate),
-             "predicted": {"step_seconds": e.step_seconds,
-                           "memory_gib_per_device": e.memory_bytes / GIB},
-             "lost_because": _why_lost(e, best, hw)} for e in chosen]
-
-
 def _check_legal(dist: dict, hw: Hardware) -> None:
     """The runtime's own rules (``smp.init``), so that no plan can fail at start."""
     from shoal.modelparallel import config as smp_config
@@ -437,16 +341,17 @@ def _check_legal(dist: dict, hw: Hardware) -> None:
 def _plan(best: Estimate, fitting, found, hw, workload, instance_type, constraints,
           seconds) -> StrategyPlan:
     c = best.candidate
-    predicted = _predicted(best, workload, hw)
+    predicted = explain.predicted(best, workload, hw)
     dist = distribution(c, hw, workload.precision, instance_type)
     _check_legal(dist, hw)
-    alternatives = _alternatives(best, fitting, found, hw, workload, constraints.alternatives)
+    alternatives = explain.alternatives(best, fitting, found, hw, workload,
+                                        constraints.alternatives)
     how = "the fastest"
     if fitting[1:] and fitting[1].step_seconds < best.step_seconds:
-        how = ("plain data parallelism, within the library margin of the fastest" if _plain(c)
-               else f"the one with the most memory to spare within {constraints.near:.0%} of "
+        how = ("plain data parallelism, within the library margin of the fastest"
+               if explain.plain(c) else f"the one with the most memory to spare within {constraints.near:.0%} of "
                "the fastest")
-    reason = (f"{describe(c)}: {how} of {len(fitting)} configurations that fit "
+    reason = (f"{explain.describe(c)}: {how} of {len(fitting)} configurations that fit "
               f"({len(found) - len(fitting)} of {len(found)} do not), "
               f"{predicted['memory_gib_per_device']:.1f} of {hw.memory / GIB:.1f} GiB per "
               f"device, {predicted['step_seconds']:.3f} s per step")
@@ -454,7 +359,7 @@ def _plan(best: Estimate, fitting, found, hw, workload, instance_type, constrain
         reason += f"; next: {alternatives[0]['description']} ({alternatives[0]['lost_because']})"
     per_rank = workload.global_batch // c.data
     return StrategyPlan(
-        distribution=dist, degrees=_degrees(c), microbatches=c.microbatches,
+        distribution=dist, degrees=explain.degrees(c), microbatches=c.microbatches,
         activation_checkpointing=c.checkpointing, predicted=predicted,
         alternatives=alternatives, reason=reason,
         environment={CHECKPOINTING_ENV: "blocks"} if c.checkpointing else {},

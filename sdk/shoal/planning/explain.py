@@ -80,6 +80,8 @@ def family(c: Candidate) -> str:
 
 
 def alternatives(best, fitting, found, hw, workload, limit: int) -> list:
+    """The runners-up: the best of each other family, the nearest ones, and plain data
+    parallelism when it does not fit; each with the reason it lost."""
     chosen, families = [], {family(best.candidate)}
     for e in fitting[1:]:  # the best of each other family, then the nearest runners-up
         if family(e.candidate) not in families:
@@ -90,9 +92,9 @@ def alternatives(best, fitting, found, hw, workload, limit: int) -> list:
             break
         if e not in chosen:
             chosen.append(e)
-    plain = [e for e in found if plain(e.candidate) and e.memory_bytes > hw.memory]
-    if plain and not plain(best.candidate):  # say why plain data parallelism is not enough
-        chosen.append(min(plain, key=lambda e: e.memory_bytes))
+    too_big = [e for e in found if plain(e.candidate) and e.memory_bytes > hw.memory]
+    if too_big and not plain(best.candidate):  # say why plain data parallelism is not enough
+        chosen.append(min(too_big, key=lambda e: e.memory_bytes))
     chosen = sorted(chosen, key=order)[:limit + 1]
     return [{"degrees": degrees(e.candidate), "microbatches": e.candidate.microbatches,
              "activation_checkpointing": e.candidate.checkpointing,

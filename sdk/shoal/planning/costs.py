@@ -255,13 +255,16 @@ class CostModel:
         }
         micro = w.global_batch / (c.data * c.microbatches)
         memory["activations"] = self._activations(c, s, micro, first)
+        if c.data > c.sharded:  # the data-parallel all-reduce works on a copy of each bucket
+            memory["gradient_buckets"] = params * w.weight_bytes / shard
         if shard > 1:
             # prefetching gathers up to sdp_max_live_parameters (SMP's default: 1e9, all of
             # most models); gradients wait for sdp_reduce_bucket_size elements (5e8) whole
             largest = max(s.largest_split / t, s.largest_kept)
             live = max(2 * largest, min(SDP_MAX_LIVE_PARAMETERS, params))
             memory["gathered_parameters"] = live * w.weight_bytes
-            memory["gradient_buckets"] = min(SDP_REDUCE_BUCKET, params) * w.weight_bytes
+            memory["gradient_buckets"] = memory.get("gradient_buckets", 0.0) + min(
+                SDP_REDUCE_BUCKET, params) * w.weight_bytes
         return memory, self._slot(c, s, micro, params)
 
     def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:

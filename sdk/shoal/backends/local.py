@@ -26,7 +26,7 @@ from ..errors import (
     JobNameInUseError,
     JobStoppedError,
 )
-from ..local import layout, process, state, storage
+from ..local import layout, metrics, process, state, storage
 from ..local.network import network_mode
 
 POLL_SECONDS = 0.1
@@ -47,6 +47,7 @@ class LocalBackend:
         network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
         _check_local_sources(request)
         _check_local_code(request)
+        metrics.definitions(request)  # a bad MetricDefinitions regex fails the call
         _claim_name(request, paths)
         paths.request_file.write_text(_dumps(request))
         record = state.initial(request, self.region)
@@ -130,6 +131,19 @@ def _check_local_code(request: dict) -> None:
     check_code_paths(json.loads(program) if program else None, path)
 
 
+def _with_metrics(record: dict, job_dir: Path) -> dict:
+    """The record with its FinalMetricDataList, and MetricDefinitions always present
+    (SDK v2's TrainingJobAnalytics indexes it)."""
+    spec = record.get("AlgorithmSpecification")
+    if spec is None:
+        return record
+    definitions = spec.setdefault("MetricDefinitions", [])
+    final = metrics.final_metrics([d["Name"] for d in definitions], metrics.read(job_dir))
+    if final:
+        record["FinalMetricDataList"] = final
+    return record
+
+
 def _dumps(data) -> str:
     return json.dumps(data, indent=1, default=str)
 
@@ -161,7 +175,7 @@ class LocalTrainingJob:
                 record = state.transition(record, "Failed", "the local job's supervisor died")
                 record["FailureReason"] = "ClientError: the local job's supervisor process died"
                 state.write(self.paths.state_file, record)
-        return record
+        return _with_metrics(record, self.paths.job_dir)
 
     def _supervisor_died(self) -> bool:
         # Without runner.json the supervisor is still being started (or started elsewhere).

@@ -32,6 +32,12 @@ def stream_file(job_dir: Path, host: str) -> Path:
     return Path(job_dir) / STREAMS_DIR / f"{host}.log"
 
 
+def event_text(host: str, line: str) -> str:
+    """A host line as its stream's event reads it."""
+    text = line.replace("\r", "").replace("\t", "    ")
+    return text.removeprefix(f"[{host}] ")  # the stream is the host's: no tag needed
+
+
 class StreamWriter:
     """Appends host lines to their stream files (thread-safe: one relay thread per host)."""
 
@@ -42,8 +48,7 @@ class StreamWriter:
 
     def write(self, host: str, line: str, at: float | None = None) -> None:
         ms = int((time.time() if at is None else at) * 1000)
-        text = line.replace("\r", "").replace("\t", "    ")
-        text = text.removeprefix(f"[{host}] ")  # the stream is the host's: no tag needed
+        text = event_text(host, line)
         with self.lock:
             handle = self.files.get(host)
             if handle is None:

@@ -21,12 +21,13 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
 
 from ..errors import InputError
-from . import framework, layout, log_streams, process, state, storage
+from . import framework, layout, log_streams, metrics, process, state, storage
 from .network import network_mode
 
 FAILURE_LIMIT = 1024
@@ -121,9 +122,12 @@ class Supervisor:
             environment = self.profiler.environment(environment)
             self.profiler.start(on_change=self.record_rules)
         streams = log_streams.StreamWriter(self.paths.job_dir)
+        recorder = metrics.Recorder(self.paths.job_dir, metrics.definitions(self.request))
 
         def output(host: str, line: str) -> None:
-            streams.write(host, line)
+            at = time.time()  # one time for the log event and its metrics
+            streams.write(host, line, at)
+            recorder.feed(host, log_streams.event_text(host, line), int(at * 1000))
             host_line(host, line)
 
         run = simulate.run_job
@@ -142,6 +146,7 @@ class Supervisor:
                        output=output)
         finally:
             streams.close()
+            recorder.close()
 
     def record_rules(self, statuses: list[dict]) -> None:
         record = state.read(self.paths.state_file)

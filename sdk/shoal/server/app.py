@@ -1,6 +1,7 @@
 """The endpoint: one Starlette route (``POST /``) that checks the signature when the endpoint
 requires one, parses the call (``protocol``), runs it (``TrainingJobs`` for ``SageMaker.*``,
-``LogsApi`` for ``Logs_20140328.*``) and answers in the protocol's shape; served by uvicorn.
+``LogsApi`` for ``Logs_20140328.*``, ``CloudWatchApi`` for
+``GraniteServiceVersion20100801.*``) and answers in the protocol's shape; served by uvicorn.
 
 Reads (describe, list, logs: a few small local files, a fraction of a millisecond) run on
 the event loop itself: handing each to a thread costs more than the call, and under load
@@ -29,16 +30,19 @@ from shoal.local import layout
 
 from . import protocol
 from .api_errors import ApiError, UnknownOperationException
+from .cloudwatch import CloudWatchApi
 from .logs_api import LogsApi
 from .signing import Verifier
 from .training_jobs import TrainingJobs
 
 log = logging.getLogger("shoal.server")
 CONTENT_TYPE = "application/x-amz-json-1.1"
+CONTENT_TYPE_1_0 = "application/x-amz-json-1.0"
 SERVED = {
     "sagemaker": ("CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob",
                   "ListTrainingJobs", "AddTags", "ListTags", "DeleteTags"),
     "logs": ("DescribeLogStreams", "GetLogEvents", "FilterLogEvents"),
+    "cloudwatch": ("GetMetricStatistics", "ListMetrics", "GetMetricData"),
 }
 
 
@@ -48,7 +52,8 @@ class Endpoint:
     def __init__(self, root: Path | None = None, region: str = "us-east-1",
                  verifier: Verifier | None = None):
         root = Path(root) if root else layout.local_root()
-        self.handlers = {"sagemaker": TrainingJobs(root, region), "logs": LogsApi(root, region)}
+        self.handlers = {"sagemaker": TrainingJobs(root, region), "logs": LogsApi(root, region),
+                         "cloudwatch": CloudWatchApi(root, region)}
         self.verifier = verifier
 
     def handle(self, method: str, url: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
@@ -88,7 +93,7 @@ def create_app(endpoint: Endpoint) -> Starlette:
             status, payload = endpoint.handle(*args)
         # the endpoint's own time, for clients that tell it from the network's and their own
         timing = f"app;dur={(time.perf_counter() - began) * 1e3:.2f}"
-        return Response(payload, status_code=status, media_type=CONTENT_TYPE,
+        return Response(payload, status_code=status, media_type=_content_type(args[2]),
                         headers={"x-amzn-RequestId": str(uuid.uuid4()), "Server-Timing": timing})
 
     return Starlette(routes=[Route("/", serve, methods=["POST", "GET"])])
@@ -96,6 +101,12 @@ def create_app(endpoint: Endpoint) -> Starlette:
 
 # Calls that start or signal processes, or write a job: run in the thread pool.
 SLOW_TARGETS = frozenset({"SageMaker.CreateTrainingJob", "SageMaker.StopTrainingJob"})
+
+
+def _content_type(headers: dict[str, str]) -> str:
+    """CloudWatch speaks JSON 1.0, the others JSON 1.1."""
+    target = headers.get("x-amz-target") or ""
+    return CONTENT_TYPE_1_0 if target.startswith("GraniteServiceVersion20100801.") else CONTENT_TYPE
 
 
 def _slow(headers: dict[str, str]) -> bool:

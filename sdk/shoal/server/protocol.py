@@ -21,12 +21,14 @@ from botocore.validate import ParamValidator
 
 from .api_errors import UnknownOperationException, ValidationException
 
-SERVICES = {"SageMaker": "sagemaker", "Logs_20140328": "logs"}
+# CloudWatch: botocore sends JSON 1.0 to it (its first protocol it speaks beside CBOR)
+SERVICES = {"SageMaker": "sagemaker", "Logs_20140328": "logs",
+            "GraniteServiceVersion20100801": "cloudwatch"}
 
 
 @attrs.frozen
 class Call:
-    service: str      # sagemaker or logs
+    service: str      # sagemaker, logs or cloudwatch
     operation: str    # CreateTrainingJob, GetLogEvents, ...
     params: dict
 

@@ -26,7 +26,7 @@ from .api_errors import (
 )
 
 MAX_SKEW = dt.timedelta(minutes=15)
-SERVICES = ("sagemaker", "logs")
+SERVICES = ("sagemaker", "logs", "monitoring")  # monitoring: CloudWatch's signing name
 _AUTHORIZATION = re.compile(
     r"^AWS4-HMAC-SHA256\s+Credential=(?P<key>[^/,\s]+)/(?P<date>\d{8})/(?P<region>[^/,\s]+)/"
     r"(?P<service>[^/,\s]+)/aws4_request,\s*SignedHeaders=(?P<signed>[^,\s]+),\s*"

@@ -2,8 +2,8 @@
 
 ``shoal run`` starts a job from flags and/or a YAML job file (see ``shoal.config`` for the keys
 and the precedence of configuration layers) and prints the job's handle (``local://job`` or
-``sagemaker://region/job``) on stdout; ``status``, ``logs``, ``stop`` take a handle or a local
-job's name; ``list`` shows jobs (``--since``, ``--limit``). Everything except a command's result
+``sagemaker://region/job``) on stdout; ``status``, ``logs``, ``stop``, ``metrics`` take a handle or a
+local job's name; ``list`` shows jobs (``--since``, ``--limit``). Everything except a command's result
 goes to stderr.
 
 Exit codes: 0 the job completed, 1 it failed or was stopped, 2 a usage or configuration error,
@@ -197,6 +197,8 @@ def summary(description: dict) -> dict:
         result["ModelArtifacts"] = model
     if description.get("ProfilingStatus"):
         result["ProfilingStatus"] = description["ProfilingStatus"]
+    for metric in description.get("FinalMetricDataList") or ():  # the last value of each
+        result[f"Metric {metric['MetricName']}"] = f"{metric['Value']:g} (at {metric['Timestamp']})"
     # Debugger's rules, as the SDK prints them while following a job: "<rule>: <status>"
     for key in ("DebugRuleEvaluationStatuses", "ProfilerRuleEvaluationStatuses"):
         for rule in description.get(key) or ():
@@ -492,6 +494,15 @@ def _mount_serve_command() -> None:
 
 
 _mount_serve_command()
+
+
+def _mount_metrics_command() -> None:
+    from .metrics_command import metrics
+
+    cli.add_command(metrics, name="metrics")
+
+
+_mount_metrics_command()
 
 
 def main(argv=None) -> int:

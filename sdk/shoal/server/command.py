@@ -52,9 +52,11 @@ def _region(ctx, param, value: str) -> str:
                    f'eval "$(shoal serve --detach)"; stop it with kill ${PID_ENV}.')
 @click.option("--listen-fd", type=int, hidden=True)  # a detached server's socket
 def serve(host, port, region, access_key_id, root, access_log, detach, listen_fd):
-    """Serve the SageMaker and CloudWatch Logs APIs for training jobs run on this machine.
+    """Serve the SageMaker, CloudWatch Logs and CloudWatch (training metrics) APIs for training
+    jobs run on this machine.
 
-    Point clients at it: AWS_ENDPOINT_URL_SAGEMAKER=<url> AWS_ENDPOINT_URL_CLOUDWATCH_LOGS=<url>.
+    Point clients at it: AWS_ENDPOINT_URL_SAGEMAKER=<url> AWS_ENDPOINT_URL_CLOUDWATCH_LOGS=<url>
+    AWS_ENDPOINT_URL_CLOUDWATCH=<url>.
     """
     from .app import Endpoint, bind, serve_forever, url_of
 
@@ -96,7 +98,8 @@ def environment(url: str, region: str, access_key_id: str | None, pid: int) -> l
     server is named, never printed."""
     lines = [f"export AWS_ENDPOINT_URL_SAGEMAKER={shlex.quote(url)}",
              f"export AWS_ENDPOINT_URL_CLOUDWATCH_LOGS={shlex.quote(url)}",
-             f'export AWS_DEFAULT_REGION="${{AWS_DEFAULT_REGION:-{region}}}"']
+             f'export AWS_DEFAULT_REGION="${{AWS_DEFAULT_REGION:-{region}}}"',
+             f"export AWS_ENDPOINT_URL_CLOUDWATCH={shlex.quote(url)}"]  # training metrics
     if access_key_id:
         lines += [f"export AWS_ACCESS_KEY_ID={shlex.quote(access_key_id)}",
                   f'export AWS_SECRET_ACCESS_KEY="${SECRET_ENV}"']

@@ -121,3 +121,18 @@ def test_describe_always_carries_metric_definitions(tmp_path):
     request = {**REQUEST, "AlgorithmSpecification": {"TrainingImage": "img",
                                                      "TrainingInputMode": "File"}}
     assert job(tmp_path, request).describe()["AlgorithmSpecification"]["MetricDefinitions"] == []
+
+
+def test_read_picks_up_what_is_appended_and_a_line_once_it_is_complete(tmp_path):
+    path = tmp_path / metrics.METRICS_FILE
+    path.write_text('{"metric": "loss", "value": 1.0, "timestamp": 1, "host": "algo-1"}\n'
+                    '{"metric": "loss", "value": 0.5, ')
+    assert [p.value for p in metrics.read(tmp_path)] == [1.0]
+    with path.open("a") as handle:
+        handle.write('"timestamp": 2, "host": "algo-1"}\n')
+    assert [p.value for p in metrics.read(tmp_path)] == [1.0, 0.5]
+    path.unlink()
+    path.write_text('{"metric": "acc", "value": 0.1, "timestamp": 3, "host": "algo-2"}\n' * 3)
+    assert [p.metric for p in metrics.read(tmp_path)] == ["acc"] * 3  # replaced: read anew
+    path.unlink()
+    assert metrics.read(tmp_path) == []

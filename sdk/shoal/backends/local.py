@@ -138,6 +138,8 @@ def _with_metrics(record: dict, job_dir: Path) -> dict:
     if spec is None:
         return record
     definitions = spec.setdefault("MetricDefinitions", [])
+    if not definitions:
+        return record
     final = metrics.final_metrics([d["Name"] for d in definitions], metrics.read(job_dir))
     if final:
         record["FinalMetricDataList"] = final

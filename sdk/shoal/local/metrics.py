@@ -109,14 +109,39 @@ class Recorder:
                 self.handle = None
 
 
+# file -> (its first line, bytes read, points); the first line (its time in ms) tells a file
+# recreated under the same name (a job deleted and run again) from the one read so far
+_cache: dict[Path, tuple[bytes, int, list[Datapoint]]] = {}
+_cache_lock = threading.Lock()
+
+
 def read(job_dir: Path) -> list[Datapoint]:
-    """Every datapoint so far, in arrival order (a last line still being written is skipped)."""
-    try:
-        raw = (Path(job_dir) / METRICS_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
+    """Every datapoint so far, in arrival order (a last line still being written is skipped).
+    The file only grows, so each call reads what was appended since the last one: describe()
+    on the server's event loop stays cheap however long the job has run."""
+    path = Path(job_dir) / METRICS_FILE
+    with _cache_lock:
+        head, offset, points = _cache.get(path, (b"", 0, []))
+        try:
+            with open(path, "rb") as handle:
+                if handle.read(len(head)) != head:  # a new file under that name
+                    head, offset, points = b"", 0, []
+                handle.seek(offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            _cache.pop(path, None)
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        if complete:
+            points = points + _parse(complete.decode("utf-8", "replace"))
+            head = head or complete[: complete.find(b"\n") + 1]
+            _cache[path] = (head, offset + len(complete), points)
+        return points
+
+
+def _parse(text: str) -> list[Datapoint]:
     points = []
-    for line in raw.split("\n")[:-1]:
+    for line in text.split("\n")[:-1]:
         try:
             points.append(Datapoint(**json.loads(line)))
         except (ValueError, TypeError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.integration.test_server_clients import Server, request
 
@@ -33,6 +34,11 @@ def test_a_jobs_printed_metrics_reach_describe_and_cloudwatch(tmp_path):
     server = Server(tmp_path / "jobs")
     try:
         sm = server.client("sagemaker")
+        bad = request("metrics-bad", code, tmp_path / "out")
+        bad["AlgorithmSpecification"]["MetricDefinitions"] = [{"Name": "l", "Regex": "loss=\\S+"}]
+        with pytest.raises(ClientError, match="must have a capture group") as refused:
+            sm.create_training_job(**bad)
+        assert refused.value.response["Error"]["Code"] == "ValidationException"
         sm.create_training_job(**params)
         sm.get_waiter("training_job_completed_or_stopped").wait(
             TrainingJobName="metrics-job", WaiterConfig={"Delay": 1, "MaxAttempts": 120})

@@ -6,6 +6,7 @@ them unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
@@ -44,15 +45,13 @@ def make_job(root, name: str = JOB, lines=LINES) -> None:
     recorder.close()
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jobs")
-    make_job(root)
-    make_job(root, "other-job", [("algo-1", 5, "loss=9")])
-    sock = app.bind("127.0.0.1", 0)
+@contextlib.contextmanager
+def serving(root, verifier=None):
+    """``shoal serve``'s app in this process, on a free loopback port."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app.create_app(app.Endpoint(root)),
+    sock = app.bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app.create_app(app.Endpoint(root, verifier=verifier)),
                                            log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -60,9 +59,20 @@ def url(tmp_path_factory):
     while not server.started:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    yield app.url_of(sock)
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield app.url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jobs")
+    make_job(root)
+    make_job(root, "other-job", [("algo-1", 5, "loss=9")])
+    with serving(root) as served:
+        yield served
 
 
 @pytest.fixture
@@ -161,3 +171,17 @@ def test_sagemaker_sdk_v2_training_job_analytics_reads_them(url, monkeypatch):
     rows = list(zip(frame["timestamp"], frame["metric_name"], frame["value"]))
     assert rows == [(0.0, "loss", pytest.approx(0.8)), (60.0, "loss", pytest.approx(0.55)),
                     (120.0, "loss", 0.3), (0.0, "acc", 0.1)]
+
+
+def test_a_signing_endpoint_checks_cloudwatchs_signatures(tmp_path):
+    from shoal.server.signing import Verifier
+
+    make_job(tmp_path)
+    with serving(tmp_path, Verifier("AKIDSHOALTEST0000001", "secret")) as served:
+        good = boto3.client("cloudwatch", endpoint_url=served, region_name="us-east-1",
+                            aws_access_key_id="AKIDSHOALTEST0000001", aws_secret_access_key="secret")
+        assert len(stats(good)["Datapoints"]) == 3
+        bad = boto3.client("cloudwatch", endpoint_url=served, **KEYS)
+        with pytest.raises(ClientError) as caught:
+            stats(bad)
+        assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403

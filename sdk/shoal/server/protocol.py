@@ -1,4 +1,5 @@
-"""The JSON 1.1 protocol of both APIs, checked against botocore's own service models.
+"""The JSON protocol of the APIs served (1.1 for SageMaker and Logs, 1.0 for CloudWatch: the
+same shapes), checked against botocore's own service models.
 
 A request is ``POST /`` with ``X-Amz-Target: <prefix>.<Operation>`` and a JSON body of the
 operation's input shape. :func:`parse` names the service and operation and checks the body

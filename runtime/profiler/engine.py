@@ -110,6 +110,16 @@ class Evaluation:
             tmp.replace(path)  # readers never see half a report
 
 
+def findings_text(lines: list[str], limit: int = 1024) -> str:
+    """One ``<Rule>: <finding> (triggered N time(s)). Fix: <text>`` line per rule that found
+    an issue, within the API's ``limit`` on StatusDetails: when they do not fit, the fixes
+    go first (every built-in rule's fix is also in its report), then the tail."""
+    text = "\n".join(lines)
+    if len(text) > limit:
+        text = "\n".join(line.split(" Fix: ", 1)[0] for line in lines)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def overall_status(evaluation: Evaluation) -> tuple[str, str]:
     """One configuration's status: IssuesFound if any of its rules found one."""
     statuses = evaluation.statuses()
@@ -117,7 +127,7 @@ def overall_status(evaluation: Evaluation) -> tuple[str, str]:
         return "InProgress", ""
     found = [s for s in statuses if s["RuleEvaluationStatus"] == "IssuesFound"]
     if found:
-        return "IssuesFound", "; ".join(f"{s['Rule']}: {s['StatusDetails']}" for s in found)[:1024]
+        return "IssuesFound", findings_text([f"{s['Rule']}: {s['StatusDetails']}" for s in found])
     errors = [s for s in statuses if s["RuleEvaluationStatus"] == "Error"]
     if errors and len(errors) == len(statuses):
         return "Error", "; ".join(s["StatusDetails"] for s in errors)[:1024]

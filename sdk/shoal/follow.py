@@ -4,9 +4,10 @@
 secondary status transition, tails every host's CloudWatch log stream through a
 :class:`~shoal.logs.LogTailer`, says so when no log event arrived for a while, and at the
 end prints the training and billable seconds (and the spot savings) as the SageMaker
-Python SDK v2 does. Then it judges the outcome: ``Completed`` returns, ``Failed`` raises
-``JobFailedError`` (``CapacityError`` when the service lacked capacity), ``Stopped``
-warns and returns.
+Python SDK v2 does, then the job's final metrics and each rule's findings
+(:func:`closing_lines`; the local backend prints the same). Then it judges the
+outcome: ``Completed`` returns, ``Failed`` raises ``JobFailedError`` (``CapacityError``
+when the service lacked capacity), ``Stopped`` warns and returns.
 
 The clock, the sleep and the random source are injectable so that tests run the whole
 loop without waiting.
@@ -130,6 +131,92 @@ def _rule_lines(description: dict, last: dict) -> list[str]:
             if last.get((key, name)) != status:
                 last[(key, name)] = status
                 lines.append(f"{name}: {status}")
+    return lines
+
+
+def _metric_time(value) -> str:
+    """A FinalMetricDataList timestamp (a datetime, epoch seconds or ISO text) as UTC HH:MM:SS."""
+    if isinstance(value, (int, float)):
+        value = datetime.fromtimestamp(value, timezone.utc)
+    elif isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+    if not isinstance(value, datetime):
+        return ""
+    if value.tzinfo is not None:
+        value = value.astimezone(timezone.utc)
+    return value.strftime("%H:%M:%S")
+
+
+def metrics_line(description: dict) -> str | None:
+    """``Final metrics: loss=0.0312 (at 12:01:33), ...``; None when the job has none."""
+    parts = []
+    for metric in description.get("FinalMetricDataList") or []:
+        name, value = metric.get("MetricName"), metric.get("Value")
+        if name is None or value is None:
+            continue
+        when = _metric_time(metric.get("Timestamp"))
+        parts.append(f"{name}={float(value):g}" + (f" (at {when})" if when else ""))
+    return f"Final metrics: {', '.join(parts)}" if parts else None
+
+
+# Shoal's StatusDetails: one "<Rule>: <finding> (triggered N time(s)). Fix: <text>" per line
+_FINDING = re.compile(r"^(?P<rule>[A-Za-z0-9_.-]+): (?P<finding>.*\(triggered \d+ time\(s\)\))\.?"
+                      r"(?: Fix: (?P<fix>.*))?$")
+
+
+def _known_fix(*names: str) -> str:
+    """A built-in profiler rule's recommendation, by rule or configuration name."""
+    try:
+        from shoal.profiler.rules import RULES, SHOAL_RULES
+    except Exception:  # the rules' own dependencies missing: no fix to add
+        return ""
+    known = {**RULES, **SHOAL_RULES}
+    for name in names:
+        if name in known and known[name].recommendation:
+            return known[name].recommendation
+    return ""
+
+
+def finding_lines(description: dict) -> list[str]:
+    """One line per finding of every rule whose evaluation found issues (or failed): the
+    rule, what it found and how often, and the fix. Shoal's rules write their findings into
+    StatusDetails one per line; any other text (SageMaker's own) is shown as it is."""
+    lines = []
+    for key in ("DebugRuleEvaluationStatuses", "ProfilerRuleEvaluationStatuses"):
+        for rule in description.get(key) or []:
+            config, status = rule.get("RuleConfigurationName", "?"), rule.get("RuleEvaluationStatus")
+            details = (rule.get("StatusDetails") or "").strip()
+            if status == "Error":
+                lines.append(f"  {config}: evaluation failed: {details or '(no reason given)'}")
+                continue
+            if status != "IssuesFound":
+                continue
+            for text in details.splitlines() or [""]:
+                match = _FINDING.match(text.strip())
+                if match:
+                    name = match["rule"]
+                    label = config if name == config else f"{config}/{name}"
+                    finding, fix = match["finding"], match["fix"] or _known_fix(name, config)
+                else:
+                    label, finding, fix = config, text.strip() or "issues found", _known_fix(config)
+                lines.append(f"  {label}: {finding}" + (f" -- fix: {fix}" if fix else ""))
+    return lines
+
+
+def closing_lines(description: dict) -> list[str]:
+    """What a finished job leaves to read: its final metrics and its rules' findings, with
+    no header for what it does not have."""
+    lines = []
+    metrics = metrics_line(description)
+    if metrics:
+        lines.append(metrics)
+    findings = finding_lines(description)
+    if findings:
+        lines.append("Rule findings:")
+        lines += findings
     return lines
 
 
@@ -289,7 +376,7 @@ class Follower:
                 self.sleep(self.backoff.start)
                 finished = True
         if wait:
-            for line in billing_lines(description):
+            for line in billing_lines(description) + closing_lines(description):
                 self.out(line)
             check_outcome(description)
         return description

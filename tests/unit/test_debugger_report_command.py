@@ -75,6 +75,10 @@ def test_report_of_a_sagemaker_job_downloads_from_s3(tmp_path, capsys, monkeypat
 
 def test_status_without_given_statuses_comes_from_the_reports():
     assert report.status_of({"RuleTriggered": 2})["RuleEvaluationStatus"] == "IssuesFound"
+    found = report.status_of({"RuleTriggered": 2, "Finding": "12 of 160 steps were slow",
+                              "Recommendation": "Check the bottlenecks."})
+    assert found["StatusDetails"] == ("12 of 160 steps were slow (triggered 2 time(s)). "
+                                      "Fix: Check the bottlenecks.")
     lacking = report.status_of({"RuleTriggered": 0, "Details": {"InsufficientData": "3 steps"}})
     assert lacking == {"RuleEvaluationStatus": "NoIssuesFound",
                        "StatusDetails": "Insufficient data: 3 steps"}

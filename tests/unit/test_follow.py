@@ -13,6 +13,7 @@ from shoal.follow import (
     Backoff,
     Follower,
     billing_lines,
+    closing_lines,
     detach_message,
     normalize_log_type,
     transition_line,
@@ -357,3 +358,96 @@ def test_quiet_job_polls_slower_and_a_new_status_resets_the_pace(aws):
     polls = clock.sleeps[:-1]  # the last sleep is the pause after the end
     assert polls[5] > 2 * polls[0]
     assert polls[6] < polls[5] / 2  # after the Training transition: back to ~5 s
+
+
+FINAL_METRICS = [
+    {"MetricName": "loss", "Value": 0.0312, "Timestamp": datetime(2024, 1, 1, 12, 1, 33, tzinfo=timezone.utc)},
+    {"MetricName": "accuracy", "Value": 0.97, "Timestamp": datetime(2024, 1, 1, 12, 1, 40, tzinfo=timezone.utc)},
+]
+PROFILER_RULES = [
+    {"RuleConfigurationName": "LowGPUUtilization", "RuleEvaluationStatus": "NoIssuesFound",
+     "StatusDetails": ""},
+    {"RuleConfigurationName": "ShoalRules", "RuleEvaluationStatus": "IssuesFound",
+     "StatusDetails": (
+         "CollectiveCPUContention: 840 of 2000 collectives ran while the CPU was busy (triggered "
+         "3 time(s)). Fix: move preprocessing before training.\n"
+         "CommunicationBound: 12 of 40 steps spent over 20 % of their time waiting for "
+         "collectives (median 31 %) (triggered 1 time(s)).")},
+]
+
+
+def test_closing_summary_shows_final_metrics_and_each_finding_with_its_fix(aws):
+    sm, stub, logs_client = aws
+    expect(stub, describe("Completed", "Completed", 5, TrainingTimeInSeconds=100,
+                          FinalMetricDataList=FINAL_METRICS,
+                          ProfilerRuleEvaluationStatuses=PROFILER_RULES))
+    lines = []
+    follower(sm, logs_client, FakeClock(), lines).run()
+    assert lines[-5:] == [
+        "Training seconds: 200",
+        "Final metrics: loss=0.0312 (at 12:01:33), accuracy=0.97 (at 12:01:40)",
+        "Rule findings:",
+        "  ShoalRules/CollectiveCPUContention: 840 of 2000 collectives ran while the CPU was "
+        "busy (triggered 3 time(s)) -- fix: move preprocessing before training.",
+        # no fix in the text: the built-in rule's own recommendation
+        "  ShoalRules/CommunicationBound: 12 of 40 steps spent over 20 % of their time waiting "
+        "for collectives (median 31 %) (triggered 1 time(s)) -- fix: Steps wait for "
+        "communication: overlap it with compute (DDP buckets, async collectives), communicate "
+        "less often (gradient accumulation), larger batches per step, or compress gradients.",
+    ]
+    assert sum(line == "Rule findings:" for line in lines) == 1  # once, at the end
+
+
+def test_closing_summary_of_sagemakers_own_details_and_a_failed_evaluation():
+    description = {"DebugRuleEvaluationStatuses": [
+        {"RuleConfigurationName": "LossNotDecreasing", "RuleEvaluationStatus": "IssuesFound",
+         "StatusDetails": "RuleEvaluationConditionMet: Evaluation of the rule LossNotDecreasing "
+                          "at step 500 resulted in the condition being met"},
+        {"RuleConfigurationName": "Overfit", "RuleEvaluationStatus": "Error",
+         "StatusDetails": "ClientError: no tensors"}],
+        "ProfilerRuleEvaluationStatuses": [
+            {"RuleConfigurationName": "StepOutlier", "RuleEvaluationStatus": "IssuesFound"}],
+        "FinalMetricDataList": [{"MetricName": "loss", "Value": 2, "Timestamp": 1704110400.0}]}
+    lines = closing_lines(description)
+    assert lines[0] == "Final metrics: loss=2 (at 12:00:00)"
+    assert lines[1:4] == [
+        "Rule findings:",
+        "  LossNotDecreasing: RuleEvaluationConditionMet: Evaluation of the rule "
+        "LossNotDecreasing at step 500 resulted in the condition being met",
+        "  Overfit: evaluation failed: ClientError: no tensors",
+    ]
+    assert lines[4].startswith("  StepOutlier: issues found -- fix: Check if there are any bottlenecks")
+
+
+def test_no_metrics_and_no_findings_print_no_empty_headers(aws):
+    quiet = [{"RuleConfigurationName": "ProfilerReport", "RuleEvaluationStatus": "NoIssuesFound",
+              "StatusDetails": "insufficient data for BatchSize"}]
+    assert closing_lines({"FinalMetricDataList": [], "ProfilerRuleEvaluationStatuses": quiet}) == []
+    sm, stub, logs_client = aws
+    expect(stub, describe("Completed", "Completed", 5, TrainingTimeInSeconds=10,
+                          ProfilerRuleEvaluationStatuses=quiet))
+    lines = []
+    follower(sm, logs_client, FakeClock(), lines).run()
+    assert lines[-1] == "Training seconds: 20"
+    assert not any(line.startswith(("Final metrics", "Rule findings")) for line in lines)
+
+
+def test_a_local_jobs_wait_prints_the_same_closing_summary(tmp_path):
+    import io
+
+    from shoal.backends.local import LocalTrainingJob
+    from shoal.local import layout, state
+
+    paths = layout.JobPaths.for_job("local-job", tmp_path)
+    paths.job_dir.mkdir(parents=True)
+    paths.log_file.write_text("[algo-1] epoch 1 loss=0.0312\n")
+    state.write(paths.state_file, {
+        "TrainingJobName": "local-job", "TrainingJobStatus": "Completed",
+        "FinalMetricDataList": FINAL_METRICS, "ProfilerRuleEvaluationStatuses": PROFILER_RULES})
+    out = io.StringIO()
+    LocalTrainingJob("local-job", paths).wait(out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[algo-1] epoch 1 loss=0.0312"
+    assert lines[1] == "Final metrics: loss=0.0312 (at 12:01:33), accuracy=0.97 (at 12:01:40)"
+    assert lines[2] == "Rule findings:" and len(lines) == 5
+    assert lines[3].startswith("  ShoalRules/CollectiveCPUContention: 840 of 2000 collectives")

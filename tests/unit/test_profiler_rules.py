@@ -204,3 +204,34 @@ def test_jensen_shannon_distance():
 
     assert jensen_shannon([1, 1], [1, 1]) == pytest.approx(0)
     assert jensen_shannon([1, 1e-12], [1e-12, 1]) == pytest.approx(np.sqrt(np.log(2)), rel=1e-6)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_a_finding_says_what_how_often_and_the_fix(tmp_path, rule):
+    """StatusDetails and the rule's report keep what it found in its own numbers."""
+    issue, _, params = CASES[rule]
+    issue(tmp_path)
+    ev = evaluate(tmp_path, rule, **params)
+    details, report_file = status(ev, rule)["StatusDetails"], result(ev, rule)
+    finding = report_file["Finding"]
+    assert finding and "violation(s) in" not in finding  # the rule's own terms, not the generic
+    fix = engine.RULES[rule].recommendation
+    assert details == f"{finding} (triggered {report_file['RuleTriggered']} time(s)). Fix: {fix}"
+    assert report_file["Recommendation"] == fix
+
+
+def test_cpu_bottleneck_finding_counts_the_snapshots(tmp_path):
+    write_system(tmp_path, "algo-1", 40, cpu=95, gpu_util=lambda i, g: 2 if i < 30 else 70)
+    ev = evaluate(tmp_path, "CPUBottleneck", patience=10)
+    assert status(ev, "CPUBottleneck")["StatusDetails"].startswith(
+        "a GPU under 10 % while a CPU core was above 90 % in 30 of 40 snapshots (75 %, the "
+        "rule's threshold 50 %) (triggered ")
+
+
+def test_a_configurations_findings_are_one_line_per_rule_within_the_limit():
+    lines = [f"Rule{i}: {'x' * 150} (triggered 1 time(s)). Fix: {'y' * 100}" for i in range(3)]
+    assert engine.findings_text(lines) == "\n".join(lines)
+    many = lines * 3  # too long with the fixes: the findings stay, the fixes go
+    text = engine.findings_text(many)
+    assert len(text) <= 1024 and text.splitlines()[0] == lines[0].split(" Fix: ")[0]
+    assert len(engine.findings_text(many * 3)) == 1024

@@ -46,6 +46,9 @@ def test_collectives_slowed_by_busy_cpus(tmp_path):
     assert details["contended_collectives"] == 200 and details["contended_seconds"] == 10
     assert details["worst_inflation"] == pytest.approx(20)
     assert "move preprocessing" in status(found, "CollectiveCPUContention")["StatusDetails"]
+    assert status(found, "CollectiveCPUContention")["StatusDetails"].startswith(
+        "200 of 350 collectives ran while the CPU was busy above 90 %, at least 3x slower than "
+        "calm (10 contended second(s), worst 20.0x) (triggered 1 time(s)). Fix: ")
     assert status(fine, "CollectiveCPUContention")["RuleEvaluationStatus"] == "NoIssuesFound"
 
 

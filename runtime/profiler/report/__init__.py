@@ -112,7 +112,11 @@ def _usage(details: dict) -> list[tuple[str, list[tuple[str, list[str]]]]]:
 def status_of(report: dict) -> dict:
     """A finished rule's status from its report file alone."""
     if report.get("RuleTriggered"):
-        return {"RuleEvaluationStatus": "IssuesFound", "StatusDetails": ""}
+        details = ""
+        if report.get("Finding"):  # what the rule found, kept in its report since it ran
+            fix = f" Fix: {report['Recommendation']}" if report.get("Recommendation") else ""
+            details = f"{report['Finding']} (triggered {report['RuleTriggered']} time(s)).{fix}"
+        return {"RuleEvaluationStatus": "IssuesFound", "StatusDetails": details[:1024]}
     lacking = (report.get("Details") or {}).get("InsufficientData")
     return {"RuleEvaluationStatus": "NoIssuesFound",
             "StatusDetails": f"Insufficient data: {lacking}" if lacking else ""}

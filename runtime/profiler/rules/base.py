@@ -60,15 +60,25 @@ class Rule:
         return ISSUES if self.report["RuleTriggered"] else NO_ISSUES
 
     @property
+    def finding(self) -> str:
+        """What the rule found, in its own numbers; subclasses say it in their terms."""
+        return (f"{self.report['Violations']} violation(s) in "
+                f"{self.report['Datapoints']} datapoint(s)")
+
+    @property
     def status_details(self) -> str:
+        """``<finding> (triggered N time(s)). Fix: <recommendation>`` once it triggered."""
         if self.report["RuleTriggered"]:
-            return f"{self.report['RuleTriggered']} time(s): {self.recommendation}"[:1024]
+            fix = f" Fix: {self.recommendation}" if self.recommendation else ""
+            return f"{self.finding} (triggered {self.report['RuleTriggered']} time(s)).{fix}"[:1024]
         if self.insufficient:
             return f"Insufficient data: {self.insufficient}"[:1024]
         return ""
 
     def result(self) -> dict[str, Any]:
         out = dict(self.report)
+        if self.report["RuleTriggered"]:
+            out["Finding"], out["Recommendation"] = self.finding, self.recommendation
         if self.insufficient and not self.report["RuleTriggered"]:
             out["Details"] = {**out["Details"], "InsufficientData": self.insufficient}
         return out

@@ -46,6 +46,12 @@ class MaxInitializationTime(Rule):
         if self.first_step is None and waited > self.threshold * 60:
             self.trigger()
 
+    @property
+    def finding(self) -> str:
+        waited = (self.last - self.first) / 60 if self.first is not None else 0.0
+        return (f"no training step within {waited:.1f} min of the job's start (the rule "
+                f"allows {self.threshold:g} min)")
+
     def finish(self):
         if self.first is None:
             self.insufficient = "no data was recorded"
@@ -92,6 +98,16 @@ class StepOutlier(Rule):
         self.report["Details"] = details
         if outliers_now:
             self.trigger(outliers_now)
+
+    @property
+    def finding(self) -> str:
+        phases = [p for node in self.report["Details"].values() for p in node.values()]
+        outliers = sum(p["number_of_outliers"] for p in phases)
+        steps = self.report["Datapoints"]
+        worst = max((d for p in phases for d in p["outlier_durations"]), default=0.0)
+        mean = max((p["step_stats"]["mean"] for p in phases), default=0.0)
+        return (f"{outliers} of {steps} steps took longer than mean + {self.stddev:g} stddev "
+                f"(slowest {worst:.3g} s, mean {mean:.3g} s)")
 
     def finish(self):
         most = max((len(v) for v in self.steps.values()), default=0)
@@ -142,6 +158,13 @@ class Dataloader(Rule):
             "dataloading_time": stats(self.loading) if self.loading else {}}
         if median < low or median > high:
             self.trigger()
+
+    @property
+    def finding(self) -> str:
+        d = self.report["Details"]
+        return (f"{d['dataloaders']:g} data loader process(es) at work for {d['cores']} CPU "
+                f"core(s) (the rule wants {self.min_threshold:g}-{self.max_threshold:g} % of "
+                "the cores)")
 
     def finish(self):
         if len(self.workers_per_second) <= self.patience:

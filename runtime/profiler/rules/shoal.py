@@ -99,6 +99,15 @@ class CollectiveCPUContention(Rule):
         self.report["Details"] = details
         self.found = contended if contended >= self.min_collectives else 0
 
+    @property
+    def finding(self) -> str:
+        classes = self.report["Details"].values()
+        seconds = sum(c["contended_seconds"] for c in classes)
+        worst = max((c["worst_inflation"] for c in classes), default=0.0)
+        return (f"{self.found} of {len(self.collectives)} collectives ran while the CPU was busy "
+                f"above {self.cpu_threshold:g} %, at least {self.inflation:g}x slower than calm "
+                f"({seconds} contended second(s), worst {worst:.1f}x)")
+
     def finish(self):
         if getattr(self, "found", 0):
             self.trigger(self.found)
@@ -141,6 +150,13 @@ class CommunicationBound(Rule):
                                   "steps_with_overlapped_collectives": tails}
         if statistics.median(shares) > self.threshold:
             self.trigger(sum(share > self.threshold for share in shares))
+
+    @property
+    def finding(self) -> str:
+        share = self.report["Details"]["collective_share_percent"]
+        return (f"{self.report['Violations']} of {self.report['Datapoints']} steps spent over "
+                f"{self.threshold:g} % of their time waiting for collectives (median "
+                f"{share['p50']:.0f} %)")
 
     def _waits(self) -> tuple[dict[tuple, list[tuple[float, float]]], int]:
         """Each rank's waiting intervals: a recorded wait is the call's last part; the
@@ -214,3 +230,8 @@ class SingleNodeDataParallel(Rule):
             self.insufficient = f"{self.count} collectives were recorded"
         elif len(self.nodes) == 1 and len(self.ranks) > 1:
             self.trigger()
+
+    @property
+    def finding(self) -> str:
+        return (f"{len(self.ranks)} ranks on a single node ran {self.count} collectives "
+                "through the data-parallel library")

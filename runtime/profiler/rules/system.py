@@ -44,6 +44,13 @@ class _Bottleneck(Rule):
         if n > self.patience and 100.0 * self.count / n > self.threshold:
             self.trigger(self.count)
 
+    @property
+    def finding(self) -> str:
+        n = self.report["Datapoints"]
+        return (f"a GPU under {self.gpu_threshold:g} % while {self.what} was above "
+                f"{self.params[self.limit]:g} % in {self.count} of {n} snapshots "
+                f"({100.0 * self.count / max(n, 1):.0f} %, the rule's threshold {self.threshold:g} %)")
+
     def finish(self):
         n = self.report["Datapoints"]
         if n <= self.patience:
@@ -55,6 +62,7 @@ class _Bottleneck(Rule):
 class CPUBottleneck(_Bottleneck):
     name = "CPUBottleneck"
     dimension, limit = "CPUUtilization", "cpu_threshold"
+    what = "a CPU core"
     description = "Checks whether the CPU is busy while the GPUs idle."
     recommendation = ("Consider increasing the number of data loaders or applying data "
                       "pre-fetching.")
@@ -63,6 +71,7 @@ class CPUBottleneck(_Bottleneck):
 class IOBottleneck(_Bottleneck):
     name = "IOBottleneck"
     dimension, limit = "I/OWaitPercentage", "io_threshold"
+    what = "I/O wait"
     description = "Checks whether I/O wait is high while the GPUs idle."
     recommendation = ("Pre-fetch data or choose different file formats, such as binary formats "
                       "that improve I/O performance.")
@@ -115,6 +124,21 @@ class LowGPUUtilization(_PerGpu):
                     entry["issue"] = "fluctuating"
                     self.trigger()
 
+    @property
+    def finding(self) -> str:
+        entries = [e for gpus in self.report["Details"].values() for e in gpus.values()
+                   if isinstance(e, dict)]
+        low = [e["gpu_95"] for e in entries if e.get("issue") == "underutilized"]
+        fluctuating = [e["gpu_5"] for e in entries if e.get("issue") == "fluctuating"]
+        parts = []
+        if low:
+            parts.append(f"GPU utilization (p95) under {self.threshold_p95:g} % on {len(low)} of "
+                         f"{len(entries)} GPU(s), lowest {min(low):.0f} %")
+        if fluctuating:
+            parts.append(f"GPU utilization fluctuating (p5 under {self.threshold_p5:g} %) on "
+                         f"{len(fluctuating)} of {len(entries)} GPU(s)")
+        return "; ".join(parts) or super().finding
+
 
 class GPUMemoryIncrease(_PerGpu):
     name = "GPUMemoryIncrease"
@@ -135,6 +159,15 @@ class GPUMemoryIncrease(_PerGpu):
                     **stats(v), "increase": increase, "gpu_max": float(max(v))}
                 if increase > self.increase:
                     self.trigger()
+
+    @property
+    def finding(self) -> str:
+        grew = [e["increase"] for gpus in self.report["Details"].values() for e in gpus.values()
+                if e["increase"] > self.increase]
+        if not grew:
+            return super().finding
+        return (f"GPU memory use grew by up to {max(grew):.1f} points (more than "
+                f"{self.increase:g}) on {len(grew)} GPU(s) within {self.window} samples")
 
 
 class LoadBalancing(_PerGpu):
@@ -159,6 +192,16 @@ class LoadBalancing(_PerGpu):
             self.report["Details"][node] = {
                 "workloads": {g: h.round().astype(int).tolist() for g, h in hists.items()},
                 "distances": distances}
+
+    @property
+    def finding(self) -> str:
+        pairs = [d for node in self.report["Details"].values()
+                 for row in node["distances"].values() for d in row.values()]
+        unbalanced = [d for d in pairs if d > self.threshold]
+        if not unbalanced:
+            return super().finding
+        return (f"{len(unbalanced)} of {len(pairs)} GPU pair(s) carried different loads "
+                f"(workload distance up to {max(unbalanced):.2f}, threshold {self.threshold:g})")
 
 
 def jensen_shannon(p, q) -> float:
@@ -208,6 +251,14 @@ class BatchSize(Rule):
             self.report["Details"][node] = details
             if cpu95 < self.cpu_threshold_p95 and low_gpus:
                 self.trigger(len(low_gpus))
+                self.low_gpus = low_gpus
+
+    @property
+    def finding(self) -> str:
+        low = getattr(self, "low_gpus", [])
+        return (f"CPU (p95) under {self.cpu_threshold_p95:g} % while {len(low)} GPU(s) stayed under "
+                f"{self.gpu_threshold_p95:g} % utilization and {self.gpu_memory_threshold_p95:g} % "
+                f"memory (p95) over the last {self.window} samples")
 
     def finish(self):
         if not any(self.gpu.values()):

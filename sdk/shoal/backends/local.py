@@ -238,6 +238,11 @@ class LocalTrainingJob:
             raise Interrupted(f"interrupted: local job {self.name} was stopped") from None
         self._reap()
         description = self.describe()
+        from shoal.follow import as_output, closing_lines
+
+        printer = as_output(out)  # final metrics and the rules' findings, as for SageMaker
+        for line in closing_lines(description):
+            printer(line)
         status = description["TrainingJobStatus"]
         if status == "Failed":
             reason = description.get("FailureReason")

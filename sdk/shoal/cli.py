@@ -202,7 +202,7 @@ def summary(description: dict) -> dict:
     # Debugger's rules, as the SDK prints them while following a job: "<rule>: <status>"
     for key in ("DebugRuleEvaluationStatuses", "ProfilerRuleEvaluationStatuses"):
         for rule in description.get(key) or ():
-            details = rule.get("StatusDetails")
+            details = (rule.get("StatusDetails") or "").replace("\n", "; ")  # a finding a line
             status = rule.get("RuleEvaluationStatus", "")
             result[f"Rule {rule.get('RuleConfigurationName')}"] = (
                 f"{status} ({details})" if details else status)

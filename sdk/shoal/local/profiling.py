@@ -64,7 +64,8 @@ class _Configuration:
         else:
             status, details = engine.overall_status(self.evaluation)
         if self.report_error:
-            details = "; ".join(d for d in (details, f"no profiler-report.html: {self.report_error}") if d)
+            # a line of its own: StatusDetails holds one finding per line
+            details = "\n".join(d for d in (details, f"no profiler-report.html: {self.report_error}") if d)
         return {"RuleConfigurationName": self.name,
                 "RuleEvaluationJobArn": f"local://{self.name}",
                 "RuleEvaluationStatus": status, "StatusDetails": details[:1024],

@@ -54,6 +54,9 @@ def main(workdir: Path) -> int:
         hyperparameters={"epochs": 12, "sagemaker_mpi_num_of_processes_per_host": 2},
         output_path=(workdir / "output").as_uri(),
         base_job_name="shoal-demo",
+        # read from the log as on SageMaker: the job's final values close fit()'s output
+        metric_definitions=[{"Name": "loss", "Regex": r"loss ([0-9.]+)"},
+                            {"Name": "accuracy", "Regex": r"held-out accuracy ([0-9.]+)"}],
     )
     start = time.perf_counter()
     estimator.fit({"train": data.as_uri()})

@@ -74,6 +74,9 @@ def test_demo_trains_to_095_on_2_hosts_x_2_processes(tmp_path):
     assert f"model.tar.gz:       {tmp_path / 'output' / job / 'output' / 'model.tar.gz'}" \
         in result.stdout
     assert "throughput" in result.stdout + result.stderr
+    # fit()'s closing summary: the metrics its definitions read from the log
+    closing = [line for line in result.stdout.splitlines() if line.startswith("Final metrics: ")]
+    assert len(closing) == 1 and f"accuracy={accuracy:g} (at " in closing[0], closing
     for rank in range(4):
         assert f"mpirank:{rank}," in result.stdout + result.stderr
 

@@ -182,7 +182,8 @@ def worker(args) -> None:
     with smp.tensor_parallelism(enabled=config["parameters"].get("tensor_parallel_degree",
                                                                  1) > 1):
         net = {"mlp": mlp_model, "transformer": gpt_model, "tiny": tiny_model}[args.model]()
-    model = smp.DistributedModel(net)
+    oss = bool(config["parameters"].get("shard_optimizer_state"))
+    model = smp.DistributedModel(net, gradient_as_bucket_view=oss)  # SMP needs it for OSS
     optimizer = smp.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-4))
     x, y = batch("mlp" if args.model == "tiny" else args.model, config["batch_per_rank"],
                  seed=1 + smp.rdp_rank())

@@ -157,9 +157,8 @@ def _print(plan) -> None:
         f"{k.replace('_', ' ')} {v:.3f}" for k, v in p["seconds"].items() if v), markup=False)
     console.print(f"  batch per rank {plan.batch_per_rank}; distribution "
                   f"{json.dumps(plan.distribution)}", markup=False)
-    if plan.activation_checkpointing:
-        console.print(f"  checkpointing: Shoal images apply it from the job's environment "
-                      f"{plan.environment}; elsewhere add {plan.script_change}", markup=False)
+    for change in plan.script_changes:
+        console.print(f"  the script needs: {change}", markup=False)
     table = Table(title=f"runners-up ({plan.considered} considered in "
                         f"{plan.plan_seconds * 1000:.0f} ms)")
     for column in ("configuration", "step s", "GiB", "lost because"):

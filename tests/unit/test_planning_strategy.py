@@ -123,8 +123,16 @@ def test_checkpointing_is_carried_in_the_environment_and_as_a_script_line():
              constraints=strategy.Constraints(pins={"checkpointing": True}))
     assert p.activation_checkpointing
     assert p.environment == {"SHOAL_ACTIVATION_CHECKPOINTING": "blocks"}
-    assert "set_activation_checkpointing" in p.script_change
+    assert any("set_activation_checkpointing" in change for change in p.script_changes)
     assert p.predicted["seconds"]["recompute"] > 0
+
+
+def test_optimizer_state_sharding_tells_the_script_what_smp_requires():
+    p = plan(constraints=strategy.Constraints(pins={"optimizer_sharding": True}))
+    assert p.distribution["smdistributed"]["modelparallel"]["parameters"][
+        "shard_optimizer_state"] is True
+    assert any("gradient_as_bucket_view=True" in change for change in p.script_changes)
+    assert not plan(GPT_125M, 64, "ml.p4d.24xlarge", 2).script_changes
 
 
 def test_a_model_that_cannot_fit_names_the_smallest_cluster_that_would():

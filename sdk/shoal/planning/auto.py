@@ -124,6 +124,5 @@ def log_plan(plan: StrategyPlan) -> None:
     log.info("distribution='auto': %s", plan.reason)
     log.info("distribution='auto' chose %s (batch per rank %d)", plan.distribution,
              plan.batch_per_rank)
-    if plan.activation_checkpointing:
-        log.info("activation checkpointing: Shoal's images apply it from %s; with other "
-                 "images add to the script: %s", plan.environment, plan.script_change)
+    for change in plan.script_changes:
+        log.info("the training script needs: %s", change)

@@ -42,6 +42,9 @@ from shoal.planning.models import ModelProfile
 CHECKPOINTING_ENV = "SHOAL_ACTIVATION_CHECKPOINTING"
 SCRIPT_CHANGE = ("smp.set_activation_checkpointing(block) for each block of the model's layer "
                  "stack, after smp.DistributedModel(model)")
+# SMP refuses optimizer-state sharding without it, on every image
+BUCKET_VIEW_CHANGE = ("smp.DistributedModel(model, gradient_as_bucket_view=True): "
+                      "shard_optimizer_state needs it")
 PINS = ("data", "pipeline", "tensor", "sharded_data", "microbatches", "checkpointing",
         "optimizer_sharding")
 SMDDP_INSTANCE_TYPES = ("ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
@@ -110,7 +113,7 @@ class StrategyPlan:
     alternatives: list
     reason: str
     environment: dict
-    script_change: str | None
+    script_changes: list  # what the training script must do (SMP v1 sets these in code)
     batch_per_rank: int
     considered: int
     plan_seconds: float
@@ -328,6 +331,15 @@ def distribution(c: Candidate, hw: Hardware, precision: str, instance_type: str)
             "mpi": {"enabled": True, "processes_per_host": hw.gpus_per_host}}
 
 
+def _script_changes(c: Candidate) -> list:
+    changes = []
+    if c.optimizer_sharding:
+        changes.append(BUCKET_VIEW_CHANGE)
+    if c.checkpointing:  # Shoal's images apply it from the environment; other images need it
+        changes.append(SCRIPT_CHANGE + f" (Shoal's images: {CHECKPOINTING_ENV}=blocks does it)")
+    return changes
+
+
 def _check_legal(dist: dict, hw: Hardware) -> None:
     """The runtime's own rules (``smp.init``), so that no plan can fail at start."""
     from shoal.modelparallel import config as smp_config
@@ -363,5 +375,5 @@ def _plan(best: Estimate, fitting, found, hw, workload, instance_type, constrain
         activation_checkpointing=c.checkpointing, predicted=predicted,
         alternatives=alternatives, reason=reason,
         environment={CHECKPOINTING_ENV: "blocks"} if c.checkpointing else {},
-        script_change=SCRIPT_CHANGE if c.checkpointing else None,
+        script_changes=_script_changes(c),
         batch_per_rank=per_rank, considered=len(found), plan_seconds=seconds)

@@ -9,8 +9,9 @@ core and SMP's placement see two hosts of two), ``torch.set_num_threads(1)`` per
 the calibration probe (``shoal.profiler.calibration``) measures this machine with the same
 four ranks: matmul rate, per-layer overhead, memory bandwidth, all-reduce alpha-beta inside
 and between the simulated hosts, overlap. A second short run measures the runtime's own
-memory (a one-layer model's peak RSS growth), added to every prediction as its reserve. No
-grid point is used to calibrate.
+memory for each layout (a six-layer model of 8 x 8 layers, its peak RSS growth under the same
+degrees), added to the prediction of every configuration of that layout. No grid point is
+used to calibrate.
 
 Then, per model, every configuration ``shoal.planning.strategy.candidates`` lists for that
 cluster (data, tensor, pipeline, sharded data degrees; optimizer-state sharding;
@@ -129,7 +130,8 @@ def gpt_model():
 def tiny_model():
     from torch import nn
 
-    return nn.Sequential(nn.Linear(MLP["inputs"], MLP["classes"]))
+    return nn.Sequential(nn.Linear(MLP["inputs"], 8), *[nn.Linear(8, 8) for _ in range(4)],
+                         nn.Linear(8, MLP["classes"]))
 
 
 def profile(model: str):
@@ -290,16 +292,29 @@ def spearman(xs, ys) -> float:
     return cov / var if var else 0.0
 
 
-def tiny_reserve(args) -> float:
-    """Peak RSS growth of a one-layer model under data parallelism: the runtime's own memory."""
-    out = mpirun([sys.executable, HERE, "worker", "--model", "tiny", "--config", json.dumps(
-        {"parameters": {"ddp": True}, "batch_per_rank": 1}), "--steps", "2", "--warmup", "1"],
-        args.timeout)
-    line = next(line for line in out.splitlines() if line.startswith("GRID "))
-    return float(json.loads(line[5:])["memory"])
+def tiny_reserve(args, c) -> float:
+    """Peak RSS growth of a tiny model laid out as ``c`` (its degrees, one microbatch): what
+    the runtime itself takes on each rank for that layout (threads, buffers, groups)."""
+    layout = costs_candidate(c.tensor, c.pipeline, c.data, c.sharded, c.optimizer_sharding)
+    if layout not in RESERVES:
+        out = mpirun([sys.executable, HERE, "worker", "--model", "tiny", "--config", json.dumps(
+            {"parameters": parameters(layout), "batch_per_rank": args.batch // c.data}),
+            "--steps", "2", "--warmup", "1"], args.timeout)
+        line = next(line for line in out.splitlines() if line.startswith("GRID "))
+        RESERVES[layout] = float(json.loads(line[5:])["memory"])
+    return RESERVES[layout]
 
 
-def grid(args, model: str, calibration, reserve: float) -> dict:
+RESERVES: dict = {}
+
+
+def costs_candidate(*degrees):
+    from shoal.planning.costs import Candidate
+
+    return Candidate(*degrees)
+
+
+def grid(args, model: str, calibration) -> dict:
     import math
 
     import attrs
@@ -323,13 +338,17 @@ def grid(args, model: str, calibration, reserve: float) -> dict:
                                   c.checkpointing)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             measured = {"error": str(error)[-400:]}
+        reserve = tiny_reserve(args, c)
         rows.append({"config": explain.describe(c), "predicted_seconds": e.step_seconds,
-                     "predicted_memory": e.memory_bytes + reserve, **measured})
+                     "predicted_memory": e.memory_bytes + reserve, "reserve": reserve,
+                     **measured})
         print(f"  {model}: {rows[-1]['config']}: predicted {e.step_seconds:.3f} s, measured "
               f"{measured.get('seconds', float('nan')):.3f} s", file=sys.stderr, flush=True)
     ok = [r for r in rows if "seconds" in r]
     budget = args.budget_fraction * max(r["memory"] for r in ok) if ok else 0.0
-    return summarize(model, rows, budget, planned(args, prof, calibration, budget - reserve))
+    # the planner prices model memory; the runtime's own (largest layout's) comes off first
+    largest = max(RESERVES.values(), default=0.0)
+    return summarize(model, rows, budget, planned(args, prof, calibration, budget - largest))
 
 
 def planned(args, prof, calibration, memory: float) -> str | None:
@@ -372,10 +391,11 @@ def summarize(model: str, rows: list, budget: float, pick_config: str | None) ->
             "failed": [r["config"] for r in rows if "seconds" not in r]}
 
 
-def report(results: list, calibration, reserve: float) -> None:
+def report(results: list, calibration) -> None:
     mib = 1024 * 1024
     print(f"calibration: {calibration}")
-    print(f"runtime reserve: {reserve / mib:.0f} MiB per rank\n")
+    print("runtime reserve (tiny model) per layout, MiB per rank: " + ", ".join(
+        f"{explain_layout(k)} {v / mib:.0f}" for k, v in RESERVES.items()) + "\n")
     for result in results:
         print(f"## {result['model']} ({len(result['rows'])} configurations, memory budget "
               f"{result['budget'] / mib:.0f} MiB per rank)\n")
@@ -390,6 +410,12 @@ def report(results: list, calibration, reserve: float) -> None:
               f"{result['best']}; regret {'n/a' if regret is None else f'{regret:.1%}'}; "
               f"predicted to fit but over budget: {result['over_budget'] or 'none'}; "
               f"failed: {result['failed'] or 'none'}\n")
+
+
+def explain_layout(c) -> str:
+    from shoal.planning import explain
+
+    return explain.describe(c)
 
 
 def math_inf() -> float:
@@ -424,12 +450,12 @@ def main() -> int:
     if args.quick:
         args.steps, args.warmup = 2, 1
     calibration = calibrate(args.timeout)
-    reserve = tiny_reserve(args)
-    results = [grid(args, model, calibration, reserve) for model in args.models.split(",")]
-    report(results, calibration, reserve)
+    results = [grid(args, model, calibration) for model in args.models.split(",")]
+    report(results, calibration)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"calibration": str(calibration), "reserve": reserve,
+            json.dump({"calibration": str(calibration),
+                       "reserves": {explain_layout(k): v for k, v in RESERVES.items()},
                        "results": results}, handle, indent=2)
     return 0
 

@@ -10,7 +10,9 @@ Run on every rank of a job (mpirun, one rank per device); rank 0 writes one JSON
   forward and backward, divided by the three passes the cost model charges;
 * ``hbm``: bytes/s of an in-place add over a buffer larger than the caches;
 * ``intra_bw``/``alpha_intra``: all-reduces between the ranks of one host, every host at once,
-  at two sizes: ``t = 2 (r - 1) alpha + 2 (r - 1) / r * n / bw`` solved for alpha and bw;
+  at two sizes: ``t = 2 (r - 1) alpha + 2 (r - 1) / r * n / bw`` solved for alpha and bw; alpha
+  is raised to what a small all-reduce costs between chunks of computation (ranks sharing
+  cores wait for a peer to be scheduled);
 * ``net_bw``/``alpha_net``: the same between hosts (the ranks of equal local rank), the
   bandwidth per host (every local rank's group crosses the network at once);
 * ``overlap``: how much of an all-reduce a matmul running beside it (on another thread) hides:
@@ -88,6 +90,32 @@ def _alpha_beta(ranks: int, small: float, large: float) -> tuple[float, float]:
     return alpha, bw
 
 
+def interleaved_alpha(core, group, ranks: int, hidden: int, repeats: int) -> float:
+    """Latency per hop of a small all-reduce between chunks of computation, as tensor and
+    pipeline parallelism run them: where ranks share cores, a peer must first be scheduled,
+    which an all-reduce loop on idle ranks never shows."""
+    import torch
+
+    a, b = torch.randn(hidden, hidden), torch.randn(hidden, hidden)
+    small = np.ones(SMALL // 4, dtype=np.float32)
+    chunks = 20
+
+    def compute():
+        for _ in range(chunks):
+            torch.mm(a, b)
+
+    def both():
+        for _ in range(chunks):
+            torch.mm(a, b)
+            core.allreduce(small, group=group)
+
+    core.barrier()
+    alone = timed(compute, repeats)
+    core.barrier()
+    together = timed(both, repeats)
+    return max(together - alone, 0.0) / chunks / (2 * (ranks - 1))
+
+
 def overlap(core, group, hidden: int, repeats: int) -> float:
     import torch
 
@@ -130,11 +158,14 @@ def measure(hidden: int = 512, repeats: int = 5) -> dict:
         small = allreduce_seconds(core, host_group, SMALL, repeats)
         large = allreduce_seconds(core, host_group, LARGE, repeats)
         figures["alpha_intra"], figures["intra_bw"] = _alpha_beta(len(local), small, large)
+        figures["alpha_intra"] = max(figures["alpha_intra"], interleaved_alpha(
+            core, host_group, len(local), hidden, repeats))
         figures["overlap"] = overlap(core, host_group, hidden, repeats)
     if len(across) > 1:
         small = allreduce_seconds(core, net_group, SMALL, repeats)
         large = allreduce_seconds(core, net_group, LARGE, repeats)
         alpha, bw = _alpha_beta(len(across), small, large)
+        alpha = max(alpha, interleaved_alpha(core, net_group, len(across), hidden, repeats))
         figures["alpha_net"], figures["net_bw"] = alpha, bw * world.local_size
     gathered = core.allgather(np.array([figures.get(k, np.nan) for k in KEYS]))
     merged = _merge(gathered.reshape(world.size, len(KEYS)))

@@ -21,7 +21,6 @@ from pathlib import Path
 import attrs
 
 from ..errors import InputError
-from ..limits import fail
 
 METRICS_FILE = "metrics.jsonl"
 FINAL_MAX = 40  # FinalMetricDataList's maximum (botocore's MetricDataList)
@@ -59,9 +58,11 @@ def definitions(request: dict) -> tuple[MetricDefinition, ...]:
         try:
             regex = re.compile(entry["Regex"])
         except re.error as error:
-            fail(name, f"must be a valid regular expression ({error})", entry["Regex"], InputError)
+            raise InputError(f"'{name}' must be a valid regular expression ({error}) "
+                             f"(got {entry['Regex']!r})") from None
         if regex.groups < 1:
-            fail(name, "must have a capture group around the value", entry["Regex"], InputError)
+            raise InputError(f"'{name}' must have a capture group around the value "
+                             f"(got {entry['Regex']!r})")
         parsed.append(MetricDefinition(entry["Name"], regex))
     return tuple(parsed)
 

@@ -1,8 +1,8 @@
 """The planner: FSx for Lustre sizing, learning-rate scaling, microbatches, topology."""
 
 import pytest
-from shoal.planning import sizing
 from shoal.errors import ValidationError
+from shoal.planning import sizing
 
 
 def test_the_seed_fsx_example_is_reproduced():

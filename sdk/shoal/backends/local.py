@@ -240,9 +240,10 @@ class LocalTrainingJob:
         description = self.describe()
         from shoal.follow import as_output, closing_lines
 
-        printer = as_output(out)  # final metrics and the rules' findings, as for SageMaker
-        for line in closing_lines(description):
-            printer(line)
+        if logs and logs != "None":  # final metrics and the rules' findings, as for SageMaker
+            printer = as_output(out)
+            for line in closing_lines(description):
+                printer(line)
         status = description["TrainingJobStatus"]
         if status == "Failed":
             reason = description.get("FailureReason")

@@ -301,19 +301,17 @@ class CostModel:
         p2p = 0.0
         if c.pipeline > 1:
             nbytes = s.out_boundary * micro * self.w.activation_scale
-            crosses = c.tensor * c.pipeline > hw.gpus_per_host
-            bw = hw.net_bw / hw.gpus_per_host if crosses else hw.intra_bw
-            p2p = 2 * (nbytes / bw + (hw.alpha_net if crosses else hw.alpha_intra))
+            bw, alpha = self._link(c.tensor * c.pipeline <= hw.gpus_per_host)
+            p2p = 2 * (nbytes / bw + alpha)
         sharded = sharded_fixed = 0.0
         if c.sharded > 1:
             calls = 4 if c.checkpointing else 3  # gathers fwd, bwd (and recompute); scatter
-            bw = hw.intra_bw if c.sharded <= hw.gpus_per_host else hw.net_bw / hw.gpus_per_host
-            alpha = hw.alpha_intra if c.sharded <= hw.gpus_per_host else hw.alpha_net
+            bw, alpha = self._link(c.sharded <= hw.gpus_per_host)
             sharded = calls * (gather_time(params * self.w.weight_bytes, c.sharded, bw, 0.0)
                                + s.layers * (c.sharded - 1) * alpha)
             # each layer's gather and release is host work no prefetching hides
             sharded_fixed = calls * s.layers * hw.layer_overhead / 3
-        backward = 2 * flops / hw.flops + 2 * s.layers * hw.layer_overhead
+        backward = 2 * compute / 3  # the backward is twice the forward
         return {"slot": compute + recompute + tp + p2p, "compute": compute,
                 "recompute": recompute, "tp": tp, "p2p": p2p, "sharded": sharded,
                 "sharded_fixed": sharded_fixed,
@@ -339,6 +337,14 @@ class CostModel:
         time["data_parallel"] = self.exposed(dp, s["backward"])
         time["optimizer"] = self._optimizer(c, s["params"]) + gather
         return time
+
+    def _link(self, in_host: bool) -> tuple[float, float]:
+        """Bandwidth per rank and latency of a group inside one host, or across hosts (every
+        rank of a host shares its network)."""
+        hw = self.hw
+        if in_host:
+            return hw.intra_bw, hw.alpha_intra
+        return hw.net_bw / hw.gpus_per_host, hw.alpha_net
 
     def exposed(self, comm: float, window: float) -> float:
         """What of ``comm`` seconds of communication computation lasting ``window`` leaves."""

@@ -153,29 +153,30 @@ def _divisors(n: int) -> list[int]:
 
 def candidates(profile: ModelProfile, hw: Hardware, global_batch: int, pins=None,
                *, model_parallel: bool = True, max_microbatches: int = 64):
-    """Every legal configuration of SMP v1 on ``hw`` (pins respected)."""
+    """Every legal configuration of SMP v1 on ``hw`` (pins respected); without
+    ``model_parallel``, plain data parallelism over every device alone."""
     pins = dict(pins or {})
     n, per_host = hw.devices, hw.gpus_per_host
+    if not model_parallel:
+        plain = Candidate(1, 1, n)
+        if global_batch % n == 0 and _pinned(plain, pins):
+            yield plain
+        return
     tensors = [t for t in (1, 2, 4, 8, 16, 32) if t <= per_host and n % t == 0
                and (profile.heads is None or profile.heads % t == 0)]
     checkpoint = (False, True) if profile.blocks else (False,)
-    for t in tensors if model_parallel else [1]:
-        for p in _divisors(n // t) if model_parallel else [1]:
-            if p > len(profile.layers):
-                continue
+    for t in tensors:
+        for p in (p for p in _divisors(n // t) if p <= len(profile.layers)):
             d = n // (t * p)
             if global_batch % d:
                 continue
-            per_replica = global_batch // d
-            for sdp in (_divisors(d) if p == 1 and model_parallel else [1]):
-                for oss in ((False, True) if d > 1 and sdp == 1 and model_parallel else (False,)):
-                    for m in _divisors(per_replica):
-                        if m > max_microbatches or (not model_parallel and m > 1):
-                            break
-                        for ckpt in checkpoint if model_parallel else (False,):
-                            c = Candidate(t, p, d, sdp, oss, m, ckpt)
-                            if _pinned(c, pins):
-                                yield c
+            microbatches = [m for m in _divisors(global_batch // d) if m <= max_microbatches]
+            for sdp in _divisors(d) if p == 1 else [1]:
+                for oss in (False, True) if d > 1 and sdp == 1 else (False,):
+                    for m, ckpt in ((m, ckpt) for m in microbatches for ckpt in checkpoint):
+                        c = Candidate(t, p, d, sdp, oss, m, ckpt)
+                        if _pinned(c, pins):
+                            yield c
 
 
 def _pinned(c: Candidate, pins: Mapping) -> bool:

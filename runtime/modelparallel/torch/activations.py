@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import torch
 from shoal.modelparallel.errors import CheckpointingError, SMPConfigError, SMPUsageError
+from shoal.modelparallel.stacks import main_stack
 from shoal.modelparallel.torch import offload as _offload
 from shoal.modelparallel.torch import placement
 from shoal.modelparallel.torch import state as _state
@@ -394,23 +395,6 @@ def plan(model) -> None:
         _apply_planned(model, planned, chosen, where)
 
     model.register_post_partition_hook(apply)
-
-
-def main_stack(modules: dict[str, torch.nn.Module]) -> str | None:
-    """The name of the ModuleList or Sequential of at least 2 children of one class that holds
-    the most parameters (the first, outermost, of equals); None when there is none."""
-    best, most = None, 0
-    for name, module in modules.items():
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-            continue
-        children = list(module._modules.values())
-        if len(children) < 2 or any(c is None for c in children) \
-                or len({type(c) for c in children}) != 1:
-            continue
-        size = sum(p.numel() for p in module.parameters())
-        if size > most:
-            best, most = name, size
-    return best
 
 
 def _of_types(modules: dict[str, torch.nn.Module], types: tuple[str, ...]) -> list[str]:

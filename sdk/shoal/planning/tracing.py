@@ -42,33 +42,14 @@ def load_factory(spec: str):
 
 
 def main_stack(model):
-    """The (name, blocks) of the model's stack of identical blocks, or None.
+    """The (name, blocks) of the model's main stack of identical blocks, or None: the
+    runtime's own rule (:mod:`shoal.modelparallel.stacks`), so that the blocks a plan
+    checkpoints are those ``SHOAL_ACTIVATION_CHECKPOINTING=blocks`` checkpoints."""
+    from shoal.modelparallel.stacks import main_stack as stack_of
 
-    A stack is the longest run of consecutive children of one class (at least two) in a
-    ``ModuleList`` or ``nn.Sequential``; of all stacks, the one holding the most parameters.
-    """
-    import torch
-
-    best, best_params = None, 0
-    for name, module in model.named_modules():
-        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
-            continue
-        for run in _runs(list(module.children())):
-            params = sum(p.numel() for c in run for p in c.parameters())
-            if len(run) >= 2 and params > best_params:
-                best, best_params = (name, run), params
-    return best
-
-
-def _runs(children):
-    run = []
-    for child in children:
-        if run and type(child) is not type(run[-1]):
-            yield run
-            run = []
-        run.append(child)
-    if run:
-        yield run
+    modules = dict(model.named_modules())
+    name = stack_of(modules)
+    return None if name is None else (name, list(modules[name].children()))
 
 
 def profile_factory(spec: str, sample_shape, *, name: str | None = None,

@@ -89,6 +89,7 @@ def worker() -> None:
     dp, dp_rank = smp.dp_size(), smp.dp_rank()
     per_replica = case["batch"]
     generator = torch.Generator().manual_seed(7)
+    live = []  # tensors alive after each step: a step must not keep the last one's graph
     for _ in range(STEPS):
         tokens = torch.randint(0, VOCAB, (per_replica * dp, SEQ), generator=generator)
         targets = torch.roll(tokens, 1, dims=1)
@@ -112,6 +113,9 @@ def worker() -> None:
         # The replica's logits before this step's update equal the reference's rows.
         gap = (logits_mb.concat() - ref_logits[mine].detach()).abs().max().item()
         assert gap <= 1e-5 * max(1.0, ref_logits.abs().max().item()), gap
+        live.append(live_tensors())
+    # From the third step on (the optimizer's state exists by then), no more than before.
+    assert live[-1] <= live[2], f"tensors alive after each step grew: {live}"
     losses = smp.allgather(loss_mb.reduce_mean().item(), smp.DP_GROUP)
     global_loss = sum(losses) / len(losses)
     # The reference's loss on the last batch, before its last update, is ref_loss.
@@ -135,6 +139,15 @@ def worker() -> None:
     print(f"rank {smp.rank()} pp {smp.pp_rank()} dp {smp.dp_rank()}: loss {global_loss:.6f} "
           f"rel {rel:.2e} params {worst:.2e} owners {sorted(set(owner.values()))}: "
           f"1 cases ok", flush=True)
+
+
+def live_tensors() -> int:
+    import gc
+
+    import torch
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 def check_checkpoints(smp, model, optimizer, folder):

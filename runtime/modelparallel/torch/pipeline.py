@@ -13,6 +13,7 @@ import itertools
 import logging
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,15 +39,24 @@ class _Call:
         self.engine, self.owner, self.module = engine, owner, module
         self.call_id = next(engine._call_ids)
         self.blob, self.tensors = remote.pack((args, kwargs))
-        self.task = current_task()
+        # Weak: the autograd node keeps this call until its backward, and the task's result
+        # (the loss) keeps the node; a strong reference would close a cycle through the
+        # graph that Python's collector cannot see, and every step's activations would leak.
+        task = current_task()
+        self._task = weakref.ref(task) if task is not None else None
         self.grad_enabled = torch.is_grad_enabled()  # Function.forward runs without grad
         self.out_blob: bytes = b""
 
+    @property
+    def task(self):
+        return self._task() if self._task is not None else None
+
     def run_forward(self) -> list[torch.Tensor]:
+        task = self.task
         request = remote.CallRequest(
-            self.call_id, self.task.microbatch, self.module, self.blob, self.grad_enabled)
-        reply, tensors = self.engine._request(self, self.task, self.owner, CALL, request,
-                                              self.tensors)
+            self.call_id, task.microbatch, self.module, self.blob, self.grad_enabled)
+        tensors, self.tensors = self.tensors, []  # sent: the owner keeps what it needs
+        reply, tensors = self.engine._request(self, task, self.owner, CALL, request, tensors)
         if reply.error:
             raise SMPPeerError(f"module {self.module!r} failed on pipeline rank "
                                f"{self.owner}:\n{reply.error}")

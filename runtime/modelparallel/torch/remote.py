@@ -144,5 +144,6 @@ class RemoteFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        input_grads = ctx.call.run_backward(list(grads), ctx.input_count)
+        call, ctx.call = ctx.call, None
+        input_grads = call.run_backward(list(grads), ctx.input_count)
         return (None, None, *input_grads)

@@ -7,7 +7,7 @@
 Two simulated hosts x two processes (4 mpirun ranks; ``SHOAL_HOST`` per rank, so Shoal's
 core and SMP's placement see two hosts of two), ``torch.set_num_threads(1)`` per rank. First
 the calibration probe (``shoal.profiler.calibration``) measures this machine with the same
-four ranks: matmul rate, per-layer overhead, memory bandwidth, all-reduce alpha-beta inside
+four ranks: matmul rate, ranks per core, per-layer overhead, memory bandwidth, all-reduce alpha-beta inside
 and between the simulated hosts, overlap. A second short run measures the runtime's own
 memory for each layout (a six-layer model of 8 x 8 layers, its peak RSS growth under the same
 degrees), added to the prediction of every configuration of that layout. No grid point is

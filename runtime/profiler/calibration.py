@@ -6,6 +6,10 @@ Run on every rank of a job (mpirun, one rank per device); rank 0 writes one JSON
 
 * ``flops``: FLOP/s of a square matmul of ``--hidden`` per rank, every rank at once (ranks
   that share cores share them here too), the median of ``--repeats``;
+* ``contention``: how many ranks share one compute unit: each rank's matmul rate alone (the
+  others asleep at a barrier) over its rate with every rank at once. 1 where every rank has
+  its own device; on CPU ranks that share cores, the ranks per core: a rank whose peers idle
+  (a pipeline's bubble) computes that much faster;
 * ``layer_overhead``: seconds per module call beyond its arithmetic: a tiny ``nn.Linear``'s
   forward and backward, divided by the three passes the cost model charges;
 * ``hbm``: bytes/s of an in-place add over a buffer larger than the caches;
@@ -52,6 +56,17 @@ def matmul_rate(hidden: int, repeats: int) -> float:
     calls = max(1, int(2e9 / (2 * hidden**3)))  # about two GFLOP per timing
     seconds = timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats)
     return 2 * hidden**3 * calls / seconds
+
+
+def contention(core, world, hidden: int, repeats: int, shared: float) -> float:
+    """This rank's matmul rate alone over ``shared`` (its rate with every rank at once)."""
+    alone = shared
+    for turn in range(world.size):  # one rank at a time; the others wait on the core's futex
+        core.barrier()
+        if turn == world.rank:
+            alone = matmul_rate(hidden, repeats)
+    core.barrier()
+    return max(1.0, alone / shared)
 
 
 def layer_overhead(repeats: int) -> float:
@@ -152,6 +167,7 @@ def measure(hidden: int = 512, repeats: int = 5) -> dict:
     core.barrier()
     figures = {"flops": matmul_rate(hidden, repeats),
                "layer_overhead": layer_overhead(repeats), "hbm": memory_bandwidth(repeats)}
+    figures["contention"] = contention(core, world, hidden, repeats, figures["flops"])
     details = {"world_size": world.size, "local_size": world.local_size,
                "hosts": world.num_hosts, "hidden": hidden}
     if len(local) > 1:
@@ -173,9 +189,10 @@ def measure(hidden: int = 512, repeats: int = 5) -> dict:
 
 
 KEYS = ("flops", "layer_overhead", "hbm", "alpha_intra", "intra_bw", "overlap", "alpha_net",
-        "net_bw")
+        "net_bw", "contention")
 _SLOWEST = {"flops": min, "hbm": min, "intra_bw": min, "net_bw": min, "overlap": min,
-            "layer_overhead": max, "alpha_intra": max, "alpha_net": max}
+            "layer_overhead": max, "alpha_intra": max, "alpha_net": max,
+            "contention": statistics.median}
 
 
 def _merge(rows: np.ndarray) -> dict:

@@ -23,8 +23,10 @@ def test_calibrate_measures_this_machine_and_plans_with_it(tmp_path, monkeypatch
     measured = json.loads(out.read_text())["calibration"]
     # every figure the probe measures, with two simulated hosts of two ranks
     assert set(measured) == {"flops", "layer_overhead", "hbm", "alpha_intra", "intra_bw",
-                             "overlap", "alpha_net", "net_bw"}
+                             "overlap", "alpha_net", "net_bw", "contention"}
     assert measured["flops"] > 1e8 and measured["intra_bw"] > 1e6 and measured["net_bw"] > 1e6
+    # four ranks on this machine's cores: alone, a rank computes up to ranks/cores faster
+    assert 1.0 <= measured["contention"] <= 4 * 1.25
     assert 0.0 <= measured["overlap"] <= 1.0
     plan = json.loads(captured.out)
     degrees = plan["degrees"]

@@ -171,6 +171,26 @@ def test_the_pipeline_bubble_is_p_minus_1_over_m_of_compute(p, m):
                                                              * estimate.time["compute"])
 
 
+@pytest.mark.parametrize("p, m", [(2, 1), (4, 1), (4, 2), (4, 8)])
+def test_ranks_sharing_cores_compute_faster_while_their_peers_idle(p, m):
+    """With ``contention`` ranks per core, a slot's figure holds with every rank busy; the
+    step is the longer of the busy ranks' ``m`` slots and the critical path's
+    ``(m + p - 1)`` slots at ``contention`` times that speed."""
+    c = Candidate(1, p, 1, microbatches=m)
+    shared = model(uniform(n=8), batch=64, layer_overhead=1e-5, contention=2.0).estimate(c)
+    own = model(uniform(n=8), batch=64, layer_overhead=1e-5).estimate(c)
+    compute = shared.time["compute"]
+    assert compute == own.time["compute"]
+    assert compute + shared.time["pipeline_bubble"] == pytest.approx(
+        max(m, (m + p - 1) / 2) / m * compute)
+    assert shared.step_seconds < own.step_seconds
+
+
+def test_without_a_pipeline_sharing_cores_changes_nothing():
+    c = Candidate(1, 1, 16, microbatches=4)
+    assert (model(contention=2.0).estimate(c).time == model().estimate(c).time)
+
+
 def test_pipeline_stages_each_hold_their_share_of_the_weights():
     profile = uniform(n=8)
     estimate = model(profile).estimate(Candidate(1, 4, 1, microbatches=4))

@@ -182,6 +182,18 @@ def test_local_mode_plans_for_this_machine_processes():
     assert p.predicted["memory_gib_usable"] * GIB > 0
 
 
+def test_local_ranks_share_this_machines_cores_and_gpus_do_not(monkeypatch):
+    from shoal.planning import instances
+
+    monkeypatch.setattr(instances.os, "sched_getaffinity", lambda pid: {0, 1})
+    constraints = strategy.Constraints(processes_per_host=2)
+    assert strategy.hardware("local", 2, "fp32", constraints).contention == 2.0  # 4 on 2
+    assert strategy.hardware("local", 1, "fp32", constraints).contention == 1.0  # 2 on 2
+    assert strategy.hardware("ml.p4d.24xlarge", 4, "fp16").contention == 1.0
+    measured = strategy.Calibration(contention=1.5)
+    assert strategy.hardware("local", 2, "fp32", constraints, measured).contention == 1.5
+
+
 def test_a_calibration_replaces_the_instance_tables_figures():
     slow = strategy.Calibration(flops=1e12)
     fast = plan()

@@ -29,5 +29,7 @@ def test_each_figure_is_the_slowest_ranks():
     rows[:, keys.index("flops")] = [3e9, 1e9, 2e9]
     rows[:, keys.index("layer_overhead")] = [1e-4, 3e-4, 2e-4]
     rows[:, keys.index("alpha_net")] = [5e-6, np.nan, 7e-6]
+    rows[:, keys.index("contention")] = [2.1, 1.0, 1.9]  # the typical rank's, not an outlier's
     merged = calibration._merge(rows)
-    assert merged == {"flops": 1e9, "layer_overhead": 3e-4, "alpha_net": 7e-6}
+    assert merged == {"flops": 1e9, "layer_overhead": 3e-4, "alpha_net": 7e-6,
+                      "contention": 1.9}

@@ -15,7 +15,11 @@ Time (seconds per step):
 
 * compute: forward and backward (twice the forward) FLOPs at the device's effective rate, plus
   a fixed cost per layer and microbatch (kernel launches, hooks), plus the recomputed forward;
-* the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage;
+* the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage. Where
+  ranks share compute units (CPU ranks on shared cores, ``contention`` ranks per unit), a
+  slot's figure is its time with every rank busy, and a rank whose peers idle runs up to
+  ``contention`` times faster: the step is the longer of the busy ranks' work (``m`` slots)
+  and the schedule's critical path at that speed (``(m + p - 1) / contention`` slots);
 * tensor parallelism's all-reduces (not overlapped), pipeline sends between stages;
 * the data-parallel all-reduce of gradients (hierarchical: inside hosts, then between them),
   behind the backward, and sharded data parallelism's gathers and reduce-scatters, behind
@@ -61,6 +65,9 @@ class Hardware:
     alpha_intra: float = 10e-6
     alpha_net: float = 30e-6
     overlap: float = 0.8  # the most of a collective that computation beside it can hide
+    # ranks per compute unit: 1 where each rank has its own device; CPU ranks sharing cores
+    # (local mode) compute this much faster while their peers idle
+    contention: float = 1.0
 
     @property
     def devices(self) -> int:
@@ -321,11 +328,12 @@ class CostModel:
     def _step(self, c: Candidate, s: dict) -> dict:
         m, p = c.microbatches, c.pipeline
         slots = m + p - 1
-        exposed_sdp = self.exposed(s["sharded"], s["compute"] + s["recompute"])
+        work = s["compute"] + s["recompute"]
+        exposed_sdp = self.exposed(s["sharded"], work)
         time = {
             "compute": m * s["compute"],
             "recompute": m * s["recompute"],
-            "pipeline_bubble": (p - 1) * (s["compute"] + s["recompute"]),
+            "pipeline_bubble": max(0.0, slots * work / self.hw.contention - m * work),
             "tensor_parallel": slots * s["tp"],
             "pipeline_p2p": slots * s["p2p"],
             "sharded_data_parallel": m * (exposed_sdp + s["sharded_fixed"]),

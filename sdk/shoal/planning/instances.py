@@ -14,6 +14,7 @@ instance has it).
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -107,3 +108,9 @@ def local_machine(processes: int) -> Instance:
     memory_gib = psutil.virtual_memory().total / 1024**3 * 0.8 / processes
     return Instance("local", processes, "cpu", memory_gib, fp32_tflops=0.05, half_tflops=0.05,
                     hbm_gbps=10, intra_gbps=2, network_gbits=10, nvlink=False)
+
+
+def local_contention(ranks: int) -> float:
+    """CPU ranks per core of this machine when ``ranks`` run on it (at least 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1.0, ranks / max(1, cores or 1))

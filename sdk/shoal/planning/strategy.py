@@ -66,6 +66,7 @@ class Calibration:
     hbm: float | None = None
     memory: float | None = None  # usable bytes per device
     overlap: float | None = None  # of a collective that computation beside it hides
+    contention: float | None = None  # ranks per compute unit (CPU ranks sharing cores)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> Calibration:
@@ -127,8 +128,11 @@ def hardware(instance_type: str, instance_count: int, precision: str,
              constraints: Constraints = Constraints(),
              calibration: Calibration | None = None) -> Hardware:
     """The cluster's effective figures: the instance table's, or measured ones."""
+    contention = 1.0
     if instance_type in instances_.LOCAL_INSTANCE_TYPES:
         spec = instances_.local_machine(constraints.processes_per_host or 1)
+        if instance_type == "local":  # every simulated host's ranks share this machine's cores
+            contention = instances_.local_contention(spec.gpus * instance_count)
     else:
         spec = instances_.instance(instance_type)
     per_host = constraints.processes_per_host or spec.gpus
@@ -140,7 +144,8 @@ def hardware(instance_type: str, instance_count: int, precision: str,
         memory=(spec.memory_gib * USABLE_FRACTION - RESERVED_GIB) * GIB,
         flops=spec.tflops(precision) * 1e12 * constraints.efficiency,
         layer_overhead=constraints.layer_overhead, hbm=spec.hbm_gbps * 1e9 * 0.8,
-        intra_bw=spec.intra_gbps * 1e9, net_bw=spec.network_gbits / 8 * 1e9 * 0.8)
+        intra_bw=spec.intra_gbps * 1e9, net_bw=spec.network_gbits / 8 * 1e9 * 0.8,
+        contention=contention)
     if calibration is not None:
         figures.update({k: v for k, v in attrs.asdict(calibration).items() if v is not None})
     return Hardware(**figures)

@@ -1,7 +1,7 @@
 """Strategy planner against measurement: every legal configuration of two small models, run.
 
     .venv/bin/python benchmarks/planner_grid.py [--models mlp,transformer] [--batch 16]
-        [--steps 4] [--warmup 2] [--max-microbatches 4] [--budget-fraction 0.7]
+        [--steps 4] [--warmup 2] [--max-microbatches 4] [--rounds 1] [--budget-fraction 0.7]
         [--json out.json] [--quick]
 
 Two simulated hosts x two processes (4 mpirun ranks; ``SHOAL_HOST`` per rank, so Shoal's
@@ -18,7 +18,9 @@ cluster (data, tensor, pipeline, sharded data degrees; optimizer-state sharding;
 microbatches up to ``--max-microbatches``; activation checkpointing of the blocks) runs
 through Shoal's SMP v1 runtime (``smp.init``, ``smp.DistributedModel``, ``@smp.step``, Adam),
 one mpirun job each: ``--warmup`` steps, then the median of ``--steps`` timed steps, and the
-largest growth of peak RSS over the ranks. The models:
+largest growth of peak RSS over the ranks. With ``--rounds R`` the whole grid runs R times
+(alternating order) and each row is the median of its R runs: on ranks that share cores one
+job's time varies by several percent from run to run. The models:
 
 - ``mlp``: a stem ``Linear``, 8 residual MLP blocks (LayerNorm, h -> 4h, gelu, 4h -> h) at
   h = 256 on 32 tokens a sample, a classifier; its profile is traced on the meta device;
@@ -330,25 +332,41 @@ def grid(args, model: str, calibration) -> dict:
                                           max_microbatches=args.max_microbatches))
     if args.quick:
         candidates = candidates[:: max(1, len(candidates) // 3)][:3]
+    runs: dict = {c: [] for c in candidates}
+    for turn in range(args.rounds):  # whole passes, alternating order: drift hits every row
+        for c in (candidates if turn % 2 == 0 else candidates[::-1]):
+            try:
+                runs[c].append(run_config(args, model, parameters(c), args.batch // c.data,
+                                          c.checkpointing))
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                runs[c].append({"error": str(error)[-400:]})
+            print(f"  {model} round {turn + 1}: {explain.describe(c)}: predicted "
+                  f"{costs.estimate(c).step_seconds:.3f} s, measured "
+                  f"{runs[c][-1].get('seconds', float('nan')):.3f} s", file=sys.stderr,
+                  flush=True)
     rows = []
     for c in candidates:
         e = costs.estimate(c)
-        try:
-            measured = run_config(args, model, parameters(c), args.batch // c.data,
-                                  c.checkpointing)
-        except (RuntimeError, subprocess.TimeoutExpired) as error:
-            measured = {"error": str(error)[-400:]}
         reserve = tiny_reserve(args, c)
         rows.append({"config": explain.describe(c), "predicted_seconds": e.step_seconds,
                      "predicted_memory": e.memory_bytes + reserve, "reserve": reserve,
-                     **measured})
-        print(f"  {model}: {rows[-1]['config']}: predicted {e.step_seconds:.3f} s, measured "
-              f"{measured.get('seconds', float('nan')):.3f} s", file=sys.stderr, flush=True)
+                     **combine(runs[c])})
     ok = [r for r in rows if "seconds" in r]
     budget = args.budget_fraction * max(r["memory"] for r in ok) if ok else 0.0
     # the planner prices model memory; the runtime's own (largest layout's) comes off first
     largest = max(RESERVES.values(), default=0.0)
     return summarize(model, rows, budget, planned(args, prof, calibration, budget - largest))
+
+
+def combine(runs: list) -> dict:
+    """One row from a configuration's runs: the median of their step times, the largest of
+    their memory growths, every run's time kept; an error if any run failed."""
+    failed = [r for r in runs if "seconds" not in r]
+    if failed:
+        return failed[0]
+    return {"seconds": statistics.median(r["seconds"] for r in runs),
+            "memory": max(r["memory"] for r in runs),
+            "runs": [r["seconds"] for r in runs]}
 
 
 def planned(args, prof, calibration, memory: float) -> str | None:
@@ -435,6 +453,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--max-microbatches", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Run every configuration this many times (whole passes, "
+                             "alternating order); each row is the median of its runs.")
     parser.add_argument("--budget-fraction", type=float, default=0.7)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", help="Write the results here too.")

@@ -37,3 +37,11 @@ def test_the_summary_measures_the_pick_against_the_best_within_the_budget():
     assert result["failed"] == ["d"]
     slower = grid.summarize("m", rows, budget=100, pick_config="c")
     assert slower["regret"] == pytest.approx(1.2 / 1.1 - 1)
+
+
+def test_repeated_runs_give_the_median_time_and_the_largest_memory():
+    row = grid.combine([{"seconds": 0.3, "memory": 5}, {"seconds": 0.1, "memory": 9},
+                        {"seconds": 0.2, "memory": 7}])
+    assert row == {"seconds": 0.2, "memory": 9, "runs": [0.3, 0.1, 0.2]}
+    assert grid.combine([{"seconds": 0.1, "memory": 1}, {"error": "exit 1"}]) == {
+        "error": "exit 1"}

@@ -114,8 +114,11 @@ def worker() -> None:
         gap = (logits_mb.concat() - ref_logits[mine].detach()).abs().max().item()
         assert gap <= 1e-5 * max(1.0, ref_logits.abs().max().item()), gap
         live.append(live_tensors())
-    # From the third step on (the optimizer's state exists by then), no more than before.
-    assert live[-1] <= live[2], f"tensors alive after each step grew: {live}"
+    # A step must not keep the last one's graph (dozens of tensors a step). The count moves
+    # by a few from step to step (messages in flight on the transport's threads), so the
+    # fewest of the last five steps is held against the most of steps 3-7, with that margin.
+    assert min(live[-5:]) <= max(live[2:7]) + STEPS // 2, (
+        f"tensors alive after each step grew: {live}")
     losses = smp.allgather(loss_mb.reduce_mean().item(), smp.DP_GROUP)
     global_loss = sum(losses) / len(losses)
     # The reference's loss on the last batch, before its last update, is ref_loss.

@@ -171,19 +171,26 @@ def test_the_pipeline_bubble_is_p_minus_1_over_m_of_compute(p, m):
                                                              * estimate.time["compute"])
 
 
-@pytest.mark.parametrize("p, m", [(2, 1), (4, 1), (4, 2), (4, 8)])
-def test_ranks_sharing_cores_compute_faster_while_their_peers_idle(p, m):
-    """With ``contention`` ranks per core, a slot's figure holds with every rank busy; the
-    step is the longer of the busy ranks' ``m`` slots and the critical path's
-    ``(m + p - 1)`` slots at ``contention`` times that speed."""
+@pytest.mark.parametrize("p, m, slots", [
+    (2, 1, 2 / 2),  # one stage at work at a time: each runs at twice the shared speed
+    (4, 1, 4 / 2),  # alone, a rank runs no faster than its `contention` allows
+    (4, 2, 1 / 2 + 3 / 2 + 1 / 2),  # two of four stages at work: twice as fast
+    (2, 4, 1 / 2 + 3 + 1 / 2),  # both stages at work in the middle: every rank busy
+])
+def test_ranks_sharing_cores_run_the_fill_and_drain_faster(p, m, slots):
+    """With ``contention`` ranks per core, a slot's figure holds with every rank busy; a slot
+    with ``a`` of ``p`` stages at work runs ``min(contention, p / a)`` times faster."""
+    from shoal.planning.costs import schedule_slots
+
+    assert schedule_slots(m, p, 2.0) == pytest.approx(slots)
+    assert schedule_slots(m, p, 1.0) == m + p - 1
     c = Candidate(1, p, 1, microbatches=m)
     shared = model(uniform(n=8), batch=64, layer_overhead=1e-5, contention=2.0).estimate(c)
     own = model(uniform(n=8), batch=64, layer_overhead=1e-5).estimate(c)
     compute = shared.time["compute"]
     assert compute == own.time["compute"]
-    assert compute + shared.time["pipeline_bubble"] == pytest.approx(
-        max(m, (m + p - 1) / 2) / m * compute)
-    assert shared.step_seconds < own.step_seconds
+    assert compute + shared.time["pipeline_bubble"] == pytest.approx(max(m, slots) / m * compute)
+    assert shared.step_seconds <= own.step_seconds
 
 
 def test_without_a_pipeline_sharing_cores_changes_nothing():

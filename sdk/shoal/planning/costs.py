@@ -17,9 +17,8 @@ Time (seconds per step):
   a fixed cost per layer and microbatch (kernel launches, hooks), plus the recomputed forward;
 * the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage. Where
   ranks share compute units (CPU ranks on shared cores, ``contention`` ranks per unit), a
-  slot's figure is its time with every rank busy, and a rank whose peers idle runs up to
-  ``contention`` times faster: the step is the longer of the busy ranks' work (``m`` slots)
-  and the schedule's critical path at that speed (``(m + p - 1) / contention`` slots);
+  slot's figure is its time with every rank busy, and the slots of the fill and drain, with
+  fewer stages at work, run faster (:func:`schedule_slots`);
 * tensor parallelism's all-reduces (not overlapped), pipeline sends between stages;
 * the data-parallel all-reduce of gradients (hierarchical: inside hosts, then between them),
   behind the backward, and sharded data parallelism's gathers and reduce-scatters, behind
@@ -139,6 +138,18 @@ def gather_time(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> fl
     if ranks <= 1 or nbytes <= 0:
         return 0.0
     return (ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * alpha
+
+
+@functools.lru_cache(maxsize=4096)
+def schedule_slots(m: int, p: int, contention: float = 1.0) -> float:
+    """A pipeline step in slots of one microbatch on one stage with every rank busy.
+
+    Slot ``t`` of the ``m + p - 1`` has ``a = min(t, p, m, m + p - t)`` stages at work; where
+    ranks share compute units, those run ``min(contention, p / a)`` times faster (no faster
+    than alone, nor than the idle stages' share of the units allows)."""
+    if contention <= 1:
+        return float(m + p - 1)
+    return sum(1.0 / min(contention, p / min(t, p, m, m + p - t)) for t in range(1, m + p))
 
 
 @functools.lru_cache(maxsize=256)
@@ -333,7 +344,8 @@ class CostModel:
         time = {
             "compute": m * s["compute"],
             "recompute": m * s["recompute"],
-            "pipeline_bubble": max(0.0, slots * work / self.hw.contention - m * work),
+            "pipeline_bubble": max(0.0, schedule_slots(m, p, self.hw.contention) * work
+                                   - m * work),
             "tensor_parallel": slots * s["tp"],
             "pipeline_p2p": slots * s["p2p"],
             "sharded_data_parallel": m * (exposed_sdp + s["sharded_fixed"]),

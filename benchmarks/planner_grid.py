@@ -316,6 +316,34 @@ def costs_candidate(*degrees):
     return Candidate(*degrees)
 
 
+def regrade(args, saved: dict) -> list:
+    """A saved run's measurements against this checkout's cost model: the same rows,
+    calibration and budgets, the predictions and the pick made again."""
+    import attrs
+    from shoal.planning import explain, strategy
+    from shoal.planning.costs import CostModel, Workload
+
+    calibration = strategy.Calibration.from_dict(saved["calibration_figures"])
+    RESERVES.clear()
+    results = []
+    for old in saved["results"]:
+        prof = profile(old["model"])
+        hw = attrs.evolve(strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
+            processes_per_host=PER_HOST), calibration), memory=float("inf"))
+        costs = CostModel(Workload(prof, args.batch, "fp32", "adam"), hw)
+        by_name = {explain.describe(c): c for c in strategy.candidates(
+            prof, hw, args.batch, max_microbatches=args.max_microbatches)}
+        rows = []
+        for row in old["rows"]:
+            e = costs.estimate(by_name[row["config"]])
+            rows.append({**row, "predicted_seconds": e.step_seconds,
+                         "predicted_memory": e.memory_bytes + row["reserve"]})
+        largest = max(saved["reserves"].values(), default=0.0)
+        results.append(summarize(old["model"], rows, old["budget"], planned(
+            args, prof, calibration, old["budget"] - largest)))
+    return results, calibration
+
+
 def grid(args, model: str, calibration) -> dict:
     import math
 
@@ -409,11 +437,12 @@ def summarize(model: str, rows: list, budget: float, pick_config: str | None) ->
             "failed": [r["config"] for r in rows if "seconds" not in r]}
 
 
-def report(results: list, calibration) -> None:
+def report(results: list, calibration, names: bool = False) -> None:
     mib = 1024 * 1024
     print(f"calibration: {calibration}")
     print("runtime reserve (tiny model) per layout, MiB per rank: " + ", ".join(
-        f"{explain_layout(k)} {v / mib:.0f}" for k, v in RESERVES.items()) + "\n")
+        f"{k if names else explain_layout(k)} {v / mib:.0f}" for k, v in RESERVES.items())
+        + "\n")
     for result in results:
         print(f"## {result['model']} ({len(result['rows'])} configurations, memory budget "
               f"{result['budget'] / mib:.0f} MiB per rank)\n")
@@ -459,11 +488,21 @@ def main() -> int:
     parser.add_argument("--budget-fraction", type=float, default=0.7)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", help="Write the results here too.")
+    parser.add_argument("--regrade", metavar="JSON",
+                        help="Run nothing: price a saved run's (--json) configurations "
+                             "again with this checkout's cost model and print the table.")
     parser.add_argument("--quick", action="store_true",
                         help="Three configurations per model, 2 steps: checks the harness.")
     args = parser.parse_args()
     if args.command == "worker":
         worker(args)
+        return 0
+    if args.regrade:
+        with open(args.regrade, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        results, calibration = regrade(args, saved)
+        RESERVES.update(saved["reserves"])
+        report(results, calibration, names=True)
         return 0
     if shutil.which(MPIRUN[0]) is None:
         print("mpirun not found", file=sys.stderr)
@@ -474,8 +513,11 @@ def main() -> int:
     results = [grid(args, model, calibration) for model in args.models.split(",")]
     report(results, calibration)
     if args.json:
+        import attrs
+
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump({"calibration": str(calibration),
+                       "calibration_figures": attrs.asdict(calibration),
                        "reserves": {explain_layout(k): v for k, v in RESERVES.items()},
                        "results": results}, handle, indent=2)
     return 0

@@ -45,3 +45,25 @@ def test_repeated_runs_give_the_median_time_and_the_largest_memory():
     assert row == {"seconds": 0.2, "memory": 9, "runs": [0.3, 0.1, 0.2]}
     assert grid.combine([{"seconds": 0.1, "memory": 1}, {"error": "exit 1"}]) == {
         "error": "exit 1"}
+
+
+def test_a_saved_run_is_priced_again_with_the_current_model():
+    import argparse
+    import json
+
+    from shoal.planning import strategy
+    from shoal.planning.costs import CostModel, Workload
+
+    saved = json.loads((PATH.parent / "results" / "planner_grid-2026-11-28.json").read_text())
+    args = argparse.Namespace(batch=16, max_microbatches=2)
+    results, calibration = grid.regrade(args, saved)
+    assert [r["model"] for r in results] == ["mlp", "transformer"]
+    for old, new in zip(saved["results"], results):
+        assert [r["seconds"] for r in new["rows"]] == [r["seconds"] for r in old["rows"]]
+        assert new["budget"] == old["budget"] and -1 <= new["spearman"] <= 1
+    hw = strategy.hardware("local", 2, "fp32", strategy.Constraints(processes_per_host=2),
+                           calibration)
+    costs = CostModel(Workload(grid.profile("mlp"), 16, "fp32", "adam"), hw)
+    first = next(c for c in strategy.candidates(grid.profile("mlp"), hw, 16, max_microbatches=2))
+    row = next(r for r in results[0]["rows"] if r["config"] == grid.explain_layout(first))
+    assert row["predicted_seconds"] == pytest.approx(costs.estimate(first).step_seconds)

@@ -316,48 +316,49 @@ def costs_candidate(*degrees):
     return Candidate(*degrees)
 
 
-def regrade(args, saved: dict) -> list:
-    """A saved run's measurements against this checkout's cost model: the same rows,
-    calibration and budgets, the predictions and the pick made again."""
+def pricing(args, model: str, calibration):
+    """The planner's view of ``model`` on the grid's cluster: its profile, the cost model
+    (memory unbounded: the budget is applied afterwards) and every legal configuration."""
+    import math
+
     import attrs
-    from shoal.planning import explain, strategy
+    from shoal.planning import strategy
     from shoal.planning.costs import CostModel, Workload
 
+    prof = profile(model)
+    hw = attrs.evolve(strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
+        processes_per_host=PER_HOST), calibration), memory=math.inf)
+    costs = CostModel(Workload(prof, args.batch, "fp32", "adam"), hw)
+    candidates = list(strategy.candidates(prof, hw, args.batch,
+                                          max_microbatches=args.max_microbatches))
+    return prof, costs, candidates
+
+
+def regrade(args, saved: dict) -> tuple[list, object]:
+    """A saved run's measurements against this checkout's cost model: the same rows,
+    calibration and budgets, the predictions and the pick made again."""
+    from shoal.planning import explain, strategy
+
     calibration = strategy.Calibration.from_dict(saved["calibration_figures"])
-    RESERVES.clear()
+    largest = max(saved["reserves"].values(), default=0.0)
     results = []
     for old in saved["results"]:
-        prof = profile(old["model"])
-        hw = attrs.evolve(strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
-            processes_per_host=PER_HOST), calibration), memory=float("inf"))
-        costs = CostModel(Workload(prof, args.batch, "fp32", "adam"), hw)
-        by_name = {explain.describe(c): c for c in strategy.candidates(
-            prof, hw, args.batch, max_microbatches=args.max_microbatches)}
+        prof, costs, candidates = pricing(args, old["model"], calibration)
+        by_name = {explain.describe(c): c for c in candidates}
         rows = []
         for row in old["rows"]:
             e = costs.estimate(by_name[row["config"]])
             rows.append({**row, "predicted_seconds": e.step_seconds,
                          "predicted_memory": e.memory_bytes + row["reserve"]})
-        largest = max(saved["reserves"].values(), default=0.0)
         results.append(summarize(old["model"], rows, old["budget"], planned(
             args, prof, calibration, old["budget"] - largest)))
     return results, calibration
 
 
 def grid(args, model: str, calibration) -> dict:
-    import math
+    from shoal.planning import explain
 
-    import attrs
-    from shoal.planning import explain, strategy
-    from shoal.planning.costs import CostModel, Workload
-
-    prof = profile(model)
-    hw = strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
-        processes_per_host=PER_HOST), calibration)
-    hw = attrs.evolve(hw, memory=math.inf)
-    costs = CostModel(Workload(prof, args.batch, "fp32", "adam"), hw)
-    candidates = list(strategy.candidates(prof, hw, args.batch,
-                                          max_microbatches=args.max_microbatches))
+    prof, costs, candidates = pricing(args, model, calibration)
     if args.quick:
         candidates = candidates[:: max(1, len(candidates) // 3)][:3]
     runs: dict = {c: [] for c in candidates}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 from shoal.local import runner
@@ -40,3 +41,39 @@ def test_the_downloading_message_names_the_channels():
     assert runner.input_message(["train"]) == "Downloading input data (channel train)"
     assert runner.input_message(["test", "train"]) == (
         "Downloading input data (2 channels: test, train)")
+
+
+def test_rule_verdicts_recorded_while_the_job_moves_lose_no_transition(tmp_path, monkeypatch):
+    """The rules thread records verdicts while the main thread moves the job: both changes
+    survive (each read-modify-write of job.json holds the supervisor's record lock)."""
+    from shoal.local import state
+
+    request = {"TrainingJobName": "job-a",
+               "ResourceConfig": {"InstanceCount": 1, "InstanceType": "local"}}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    state.write(tmp_path / "job.json", state.initial(request))
+    monkeypatch.setattr(runner, "say", lambda message: None)
+    sup = runner.Supervisor(tmp_path)
+    moves = ["Downloading", "Training"] * 60 + ["Uploading"]
+    verdicts = 200
+    start = threading.Barrier(2)
+
+    def move():
+        start.wait()
+        for status in moves:
+            sup.move(status)
+
+    def record():
+        start.wait()
+        for i in range(verdicts):
+            sup.record_rules([{"RuleConfigurationName": "LowGPUUtilization",
+                               "RuleEvaluationStatus": "InProgress", "Round": i}])
+
+    threads = [threading.Thread(target=move), threading.Thread(target=record)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    final = state.read(tmp_path / "job.json")
+    assert [t["Status"] for t in final["SecondaryStatusTransitions"]] == ["Starting"] + moves
+    assert final["ProfilerRuleEvaluationStatuses"][0]["Round"] == verdicts - 1

@@ -40,6 +40,9 @@ class Supervisor:
         self.request = json.loads(self.paths.request_file.read_text())
         self.hosts = layout.host_names(self.request)
         self.stopping = threading.Event()
+        # The main thread moves the job while the rules thread records verdicts: each
+        # read-modify-write of the record holds this, or one of them loses the other's change.
+        self.record_lock = threading.Lock()
         self.network = network_mode(os.environ)
         self.training = False
         self.profiler = None
@@ -52,11 +55,12 @@ class Supervisor:
     # -- state -----------------------------------------------------------------------------
     def move(self, status: str, message: str | None = None, quiet: bool = False,
              **fields) -> None:
-        record = state.transition(state.read(self.paths.state_file), status, message)
-        record.update(fields)
-        if not quiet:  # first: a follower reads the log to its end once the record is final
-            say(record["SecondaryStatusTransitions"][-1]["StatusMessage"])
-        state.write(self.paths.state_file, record)
+        with self.record_lock:
+            record = state.transition(state.read(self.paths.state_file), status, message)
+            record.update(fields)
+            if not quiet:  # first: a follower reads the log to its end once the record is final
+                say(record["SecondaryStatusTransitions"][-1]["StatusMessage"])
+            state.write(self.paths.state_file, record)
 
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -149,9 +153,10 @@ class Supervisor:
             recorder.close()
 
     def record_rules(self, statuses: list[dict]) -> None:
-        record = state.read(self.paths.state_file)
-        record["ProfilerRuleEvaluationStatuses"] = statuses
-        state.write(self.paths.state_file, record)
+        with self.record_lock:
+            record = state.read(self.paths.state_file)
+            record["ProfilerRuleEvaluationStatuses"] = statuses
+            state.write(self.paths.state_file, record)
 
     def finish_profiling(self) -> None:
         """The rules' verdicts over all the data, then the data and reports to the output."""

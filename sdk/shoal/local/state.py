@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import threading
 from pathlib import Path
 
 TERMINAL = ("Completed", "Failed", "Stopped")
@@ -114,7 +115,9 @@ def _decode_all(record):
 
 def write(path: Path, record: dict) -> None:
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary file per writing thread: two threads sharing a name truncate and overwrite
+    # each other's bytes, and the rename then publishes a record with another's tail.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(record, default=_encode, indent=1))
     os.replace(tmp, path)
 

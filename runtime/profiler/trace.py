@@ -60,7 +60,7 @@ class TraceWriter:
         body += [{**e, "ts": e["ts"] - origin} for e in events]
         path = layout.framework_file(self.root, self.node, end)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # per thread
         tmp.write_text(json.dumps(body))
         # Ranks of one node name files by their end time: a name already taken (two ranks
         # ending together) moves on by a microsecond; linking never replaces a file.

@@ -17,8 +17,13 @@ Then, per model, every configuration ``shoal.planning.strategy.candidates`` list
 cluster (data, tensor, pipeline, sharded data degrees; optimizer-state sharding;
 microbatches up to ``--max-microbatches``; activation checkpointing of the blocks) runs
 through Shoal's SMP v1 runtime (``smp.init``, ``smp.DistributedModel``, ``@smp.step``, Adam),
-one mpirun job each: ``--warmup`` steps, then the median of ``--steps`` timed steps, and the
-largest growth of peak RSS over the ranks. With ``--rounds R`` the whole grid runs R times
+one mpirun job each: ``--warmup`` steps, then the median of ``--steps`` timed steps. Memory
+comes from one more job per configuration run with glibc giving freed memory back at once
+(``LIVE_ENV``): the largest growth of peak RSS over the ranks. Under glibc's defaults a
+runtime whose threads allocate (prefetch, reduce, pipeline receive) keeps every thread
+arena's peak, up to 1.7x the live bytes on this grid; the planner predicts live bytes (as
+``torch.cuda.max_memory_allocated`` counts them on a GPU). The timed jobs' RSS growth is
+printed in its own column. With ``--rounds R`` the whole grid runs R times
 (alternating order) and each row is the median of its R runs: on ranks that share cores one
 job's time varies by several percent from run to run. The models:
 
@@ -252,11 +257,21 @@ def calibrate(timeout: float):
         return calibrate_.read(out)
 
 
-def run_config(args, model: str, params: dict, per_rank: int, ckpt: bool) -> dict:
+# glibc's initial threshold, set: blocks of 128 KiB and more are mapped and unmapped, and the
+# threshold no longer rises after each free (which is what lets freed blocks pile up)
+LIVE_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def run_config(args, model: str, params: dict, per_rank: int, ckpt: bool,
+               live: bool = False) -> dict:
+    """One job: its median step time and peak RSS growth; with ``live``, glibc set to give
+    freed memory back (slower steps, memory that tracks the live bytes), three steps."""
     config = json.dumps({"parameters": params, "batch_per_rank": per_rank})
-    env = {"SHOAL_ACTIVATION_CHECKPOINTING": "blocks" if ckpt else "off"}
+    env = {"SHOAL_ACTIVATION_CHECKPOINTING": "blocks" if ckpt else "off",
+           **(LIVE_ENV if live else {})}
+    steps, warmup = (2, 1) if live else (args.steps, args.warmup)
     out = mpirun([sys.executable, HERE, "worker", "--model", model, "--config", config,
-                  "--steps", str(args.steps), "--warmup", str(args.warmup)], args.timeout, env)
+                  "--steps", str(steps), "--warmup", str(warmup)], args.timeout, env)
     line = next(line for line in out.splitlines() if line.startswith("GRID "))
     return json.loads(line[5:])
 
@@ -299,11 +314,8 @@ def tiny_reserve(args, c) -> float:
     the runtime itself takes on each rank for that layout (threads, buffers, groups)."""
     layout = costs_candidate(c.tensor, c.pipeline, c.data, c.sharded, c.optimizer_sharding)
     if layout not in RESERVES:
-        out = mpirun([sys.executable, HERE, "worker", "--model", "tiny", "--config", json.dumps(
-            {"parameters": parameters(layout), "batch_per_rank": args.batch // c.data}),
-            "--steps", "2", "--warmup", "1"], args.timeout)
-        line = next(line for line in out.splitlines() if line.startswith("GRID "))
-        RESERVES[layout] = float(json.loads(line[5:])["memory"])
+        RESERVES[layout] = float(run_config(args, "tiny", parameters(layout),
+                                            args.batch // c.data, False, live=True)["memory"])
     return RESERVES[layout]
 
 
@@ -375,11 +387,16 @@ def grid(args, model: str, calibration) -> dict:
                   flush=True)
     rows = []
     for c in candidates:
+        try:
+            live = run_config(args, model, parameters(c), args.batch // c.data,
+                              c.checkpointing, live=True)
+        except (RuntimeError, subprocess.TimeoutExpired) as error:
+            live = {"error": str(error)[-400:]}
         e = costs.estimate(c)
         reserve = tiny_reserve(args, c)
         rows.append({"config": explain.describe(c), "predicted_seconds": e.step_seconds,
                      "predicted_memory": e.memory_bytes + reserve, "reserve": reserve,
-                     **combine(runs[c])})
+                     **combine(runs[c], live)})
     ok = [r for r in rows if "seconds" in r]
     budget = args.budget_fraction * max(r["memory"] for r in ok) if ok else 0.0
     # the planner prices model memory; the runtime's own (largest layout's) comes off first
@@ -387,14 +404,15 @@ def grid(args, model: str, calibration) -> dict:
     return summarize(model, rows, budget, planned(args, prof, calibration, budget - largest))
 
 
-def combine(runs: list) -> dict:
-    """One row from a configuration's runs: the median of their step times, the largest of
-    their memory growths, every run's time kept; an error if any run failed."""
-    failed = [r for r in runs if "seconds" not in r]
+def combine(runs: list, live: dict) -> dict:
+    """One row from a configuration's timed runs and its memory run: the median of the step
+    times (every run's kept), the live peak, the largest RSS growth of the timed runs; an
+    error if any run failed."""
+    failed = [r for r in [*runs, live] if "seconds" not in r]
     if failed:
         return failed[0]
     return {"seconds": statistics.median(r["seconds"] for r in runs),
-            "memory": max(r["memory"] for r in runs),
+            "memory": live["memory"], "rss": max(r["memory"] for r in runs),
             "runs": [r["seconds"] for r in runs]}
 
 
@@ -447,12 +465,14 @@ def report(results: list, calibration, names: bool = False) -> None:
     for result in results:
         print(f"## {result['model']} ({len(result['rows'])} configurations, memory budget "
               f"{result['budget'] / mib:.0f} MiB per rank)\n")
-        print("| configuration | predicted s | measured s | predicted MiB | measured MiB |")
-        print("|---|---|---|---|---|")
+        print("| configuration | predicted s | measured s | predicted MiB | measured MiB "
+              "| RSS growth, glibc defaults, MiB |")
+        print("|---|---|---|---|---|---|")
         for r in sorted(result["rows"], key=lambda r: r.get("seconds", math_inf())):
             print(f"| {r['config']} | {r['predicted_seconds']:.3f} | "
                   f"{r.get('seconds', float('nan')):.3f} | {r['predicted_memory'] / mib:.0f} | "
-                  f"{r.get('memory', float('nan')) / mib:.0f} |")
+                  f"{r.get('memory', float('nan')) / mib:.0f} | "
+                  f"{r.get('rss', float('nan')) / mib:.0f} |")
         regret = result["regret"]
         print(f"\nSpearman {result['spearman']:.2f}; pick: {result['pick']}; best measured: "
               f"{result['best']}; regret {'n/a' if regret is None else f'{regret:.1%}'}; "

@@ -39,12 +39,36 @@ def test_the_summary_measures_the_pick_against_the_best_within_the_budget():
     assert slower["regret"] == pytest.approx(1.2 / 1.1 - 1)
 
 
-def test_repeated_runs_give_the_median_time_and_the_largest_memory():
+def test_repeated_runs_give_the_median_time_the_live_peak_and_the_largest_rss():
+    live = {"seconds": 0.9, "memory": 4}
     row = grid.combine([{"seconds": 0.3, "memory": 5}, {"seconds": 0.1, "memory": 9},
-                        {"seconds": 0.2, "memory": 7}])
-    assert row == {"seconds": 0.2, "memory": 9, "runs": [0.3, 0.1, 0.2]}
-    assert grid.combine([{"seconds": 0.1, "memory": 1}, {"error": "exit 1"}]) == {
+                        {"seconds": 0.2, "memory": 7}], live)
+    assert row == {"seconds": 0.2, "memory": 4, "rss": 9, "runs": [0.3, 0.1, 0.2]}
+    assert grid.combine([{"seconds": 0.1, "memory": 1}, {"error": "exit 1"}], live) == {
         "error": "exit 1"}
+    assert grid.combine([{"seconds": 0.1, "memory": 1}], {"error": "exit 2"}) == {
+        "error": "exit 2"}
+
+
+def test_the_memory_run_sets_glibc_to_give_freed_memory_back(monkeypatch):
+    import argparse
+
+    seen = []
+
+    def fake(command, timeout, env_extra=None):
+        seen.append((command, env_extra))
+        return 'noise\nGRID {"seconds": 0.5, "memory": 123}\n'
+
+    monkeypatch.setattr(grid, "mpirun", fake)
+    args = argparse.Namespace(steps=6, warmup=2, timeout=10)
+    assert grid.run_config(args, "mlp", {}, 4, False) == {"seconds": 0.5, "memory": 123}
+    grid.run_config(args, "mlp", {}, 4, True, live=True)
+    (timed, timed_env), (live, live_env) = seen
+    assert "MALLOC_MMAP_THRESHOLD_" not in timed_env and timed[-4:] == ["--steps", "6",
+                                                                        "--warmup", "2"]
+    assert live_env["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert live_env["SHOAL_ACTIVATION_CHECKPOINTING"] == "blocks"
+    assert live[-4:] == ["--steps", "2", "--warmup", "1"]
 
 
 def test_a_saved_run_is_priced_again_with_the_current_model():

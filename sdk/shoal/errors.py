@@ -19,6 +19,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   +-- JobFailedError              status Failed (job name, FailureReason)
     |   |   +-- CapacityError           the service had no capacity
     |   +-- JobStoppedError             status Stopped
+    +-- EndpointError                   an endpoint did not come into service (exit 1)
     +-- RuntimeFailure                  inside a job: launcher and collectives (exit 1)
     |   +-- CollectiveError             a collective failed on this rank
     |   |   +-- CollectiveTimeoutError  peers did not arrive within the timeout
@@ -125,6 +126,15 @@ class CapacityError(JobFailedError):
 
 class JobStoppedError(JobError):
     """The job was stopped before it completed."""
+
+
+class EndpointError(ShoalError):
+    """An endpoint ended ``Failed`` (or another status than InService) while deploying."""
+
+    def __init__(self, endpoint_name: str, status: str, reason: str | None = None):
+        self.endpoint_name, self.status, self.reason = endpoint_name, status, reason
+        super().__init__(f"Error hosting endpoint {endpoint_name}: {status}. Reason: "
+                         f"{reason or 'none given'}")
 
 
 class RuntimeFailure(ShoalError):

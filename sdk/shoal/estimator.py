@@ -342,6 +342,32 @@ class EstimatorBase:
             raise ValidationError("no training job yet: call fit() first")
         return self.latest_training_job.model_data
 
+    def create_model(self, **kwargs):
+        """The model of the latest job for any image: ``shoal.Model`` on the training image
+        (framework estimators give their framework's model)."""
+        from shoal.deploy.model import Model
+
+        kwargs.setdefault("role", self.config.role)
+        kwargs.setdefault("image_uri", self.training_image_uri())
+        return Model(model_data=self.model_data, sagemaker_session=self.sagemaker_session,
+                     **kwargs)
+
+    def deploy(self, initial_instance_count=None, instance_type=None, serializer=None,
+               deserializer=None, endpoint_name=None, wait=True, model_name=None, tags=None,
+               kms_key=None, **create_model_kwargs):
+        """Serve the latest job's model (SDK v2's ``deploy``): the model and the endpoint
+        share one name from the base job name unless given; returns the predictor."""
+        if self.latest_training_job is None:
+            raise ValidationError("no training job yet: call fit() or attach() first")
+        base = self.config.base_job_name or naming.base_name_from_image(
+            self.training_image_uri())
+        default = naming.name_from_base(base)
+        model = self.create_model(**create_model_kwargs)
+        return model.deploy(initial_instance_count, instance_type, serializer=serializer,
+                            deserializer=deserializer, endpoint_name=endpoint_name or default,
+                            wait=wait, model_name=model_name or default, tags=tags,
+                            kms_key=kms_key)
+
 
 class Estimator(EstimatorBase):
     """A training job for any image (``image_uri``), as v2's generic ``Estimator``."""
@@ -411,6 +437,31 @@ class Framework(EstimatorBase):
 
     def _framework_hyperparameters(self) -> dict:
         return dict(self.distribution_config.hyperparameters())
+
+    def _model_class(self):
+        raise ValidationError(f"no serving model for {type(self).__name__} yet: use "
+                              f"shoal.Model(image_uri=..., model_data=est.model_data)")
+
+    def create_model(self, role=None, entry_point=None, source_dir=None, dependencies=None,
+                     image_uri=None, **kwargs):
+        """The framework model of the latest job, served with the training script (v2: the
+        container imports it: its training code must sit under ``if __name__ ==
+        "__main__":``) unless ``entry_point`` names an inference script."""
+        plan, c = self._code, self.config
+        if source_dir is None:
+            if plan is not None and plan.submit_directory.startswith("s3://"):
+                source_dir = plan.archive_uri or plan.submit_directory  # sourcedir.tar.gz
+            else:
+                source_dir = c.source_dir
+        if entry_point is None:
+            entry_point = plan.script_name if plan is not None and source_dir else c.entry_point
+        return self._model_class()(
+            self.model_data, role=role or self.config.role, entry_point=entry_point,
+            source_dir=source_dir, dependencies=dependencies or self.config.dependencies,
+            image_uri=image_uri or (self.image_uri if self.image_uri else None),
+            framework_version=self.framework_version, py_version=self.py_version,
+            sagemaker_session=self.sagemaker_session,
+            container_log_level=self.config.container_log_level, **kwargs)
 
     def _debug_hook_allowed(self) -> bool:
         # v2: SageMaker Debugger does not support distributed jobs with checkpoints; for

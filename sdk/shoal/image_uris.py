@@ -82,6 +82,15 @@ def training_image_uri(framework: str | None, framework_version: str | None,
     return shoal_image_uri(framework, framework_version, py_version, instance_type, account, region)
 
 
+def inference_image_uri(training_image: str) -> str:
+    """The serving image beside a training image: Shoal names its images
+    ``shoal-<framework>-training`` and ``shoal-<framework>-inference`` with the same tag; any
+    other image (a custom one) serves as is, as SDK v2 reuses a custom training image."""
+    if framework_from_image(training_image) and "-training:" in training_image:
+        return training_image.replace("-training:", "-inference:", 1)
+    return training_image
+
+
 def version_table() -> str:
     """The README's table of framework versions: one row per matrix entry, with its CUDA 11
     stack and the distributions the SDK accepts for it (the same rules the estimators apply)."""

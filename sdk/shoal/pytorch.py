@@ -28,6 +28,11 @@ class PyTorch(Framework):
         self.strategy_plan = None
         self._auto = auto
 
+    def _model_class(self):
+        from shoal.deploy.model import PyTorchModel
+
+        return PyTorchModel
+
     def _metrics_default(self) -> bool | None:
         # v2 turns SageMaker metrics time series on from PyTorch 1.3
         return self._metrics_since("1.3")

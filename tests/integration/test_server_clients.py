@@ -279,17 +279,6 @@ def test_the_aws_cli_submits_waits_describes_reads_logs_and_stops(server, code, 
     assert bad.returncode != 0 and "ValidationException" in bad.stderr
 
 
-@pytest.fixture
-def local_s3():
-    from moto.server import ThreadedMotoServer
-
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    moto.start()
-    host, port = moto.get_host_and_port()
-    yield f"http://{host}:{port}"
-    moto.stop()
-
-
 def test_sagemaker_sdk_v2_pytorch_fit_with_two_instances_and_s3_data(tmp_path, code, local_s3,
                                                                       monkeypatch, capsys):
     """SDK v2, unchanged, pointed at the endpoint by the environment alone: its S3 uploads,

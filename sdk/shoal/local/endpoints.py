@@ -166,11 +166,17 @@ class LocalEndpoints:
         """The endpoint's record with its status brought up to date from its files."""
         path = self._file("endpoint", name)
         record = self._read("endpoint", name, operation)
-        if record["EndpointStatus"] != "Creating":
-            return record
+        if record["EndpointStatus"] not in ("Creating", "InService") or "ShoalPid" not in record:
+            return record  # ended, or its process is being started
         folder = path.parent
         alive = process.find(record["ShoalPid"], record["ShoalCreateTime"]) is not None
-        if (folder / "ready").exists():
+        if record["EndpointStatus"] == "InService":
+            if alive:
+                return record
+            record.update(EndpointStatus="Failed", FailureReason=(
+                "the model server exited while in service (the machine restarted, or its "
+                f"process was killed); see {folder / 'logs.txt'}"))
+        elif (folder / "ready").exists():
             record["EndpointStatus"] = "InService"
         elif (folder / "failure").exists() or not alive:
             reason = ((folder / "failure").read_text().strip() if (folder / "failure").exists()
@@ -209,7 +215,8 @@ class LocalEndpoints:
 
     def delete_endpoint(self, EndpointName) -> dict:
         record = self._read("endpoint", EndpointName, "DeleteEndpoint")
-        proc = process.find(record["ShoalPid"], record["ShoalCreateTime"])
+        proc = process.find(record["ShoalPid"], record["ShoalCreateTime"]) \
+            if "ShoalPid" in record else None
         if proc is not None:
             process.terminate_tree(proc)
         shutil.rmtree(self._file("endpoint", EndpointName).parent, ignore_errors=True)

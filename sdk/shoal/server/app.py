@@ -1,7 +1,9 @@
 """The endpoint: one Starlette route (``POST /``) that checks the signature when the endpoint
-requires one, parses the call (``protocol``), runs it (``TrainingJobs`` for ``SageMaker.*``,
-``LogsApi`` for ``Logs_20140328.*``, ``CloudWatchApi`` for
-``GraniteServiceVersion20100801.*``) and answers in the protocol's shape; served by uvicorn.
+requires one, parses the call (``protocol``), runs it (``TrainingJobs`` for the training
+calls of ``SageMaker.*``, ``EndpointsApi`` for its model and endpoint calls, ``LogsApi`` for
+``Logs_20140328.*``, ``CloudWatchApi`` for ``GraniteServiceVersion20100801.*``) and answers
+in the protocol's shape; and sagemaker-runtime's ``POST /endpoints/<name>/invocations`` on
+the same port, under the same signature rule (an endpoint runs user code); served by uvicorn.
 
 Reads (describe, list, logs: a few small local files, a fraction of a millisecond) run on
 the event loop itself: handing each to a thread costs more than the call, and under load
@@ -31,6 +33,8 @@ from shoal.local import layout
 from . import protocol
 from .api_errors import ApiError, UnknownOperationException
 from .cloudwatch import CloudWatchApi
+from .endpoints_api import OPERATIONS as ENDPOINT_OPERATIONS
+from .endpoints_api import EndpointsApi
 from .logs_api import LogsApi
 from .signing import Verifier
 from .training_jobs import TrainingJobs
@@ -40,7 +44,8 @@ CONTENT_TYPE = "application/x-amz-json-1.1"
 CONTENT_TYPE_1_0 = "application/x-amz-json-1.0"
 SERVED = {
     "sagemaker": ("CreateTrainingJob", "DescribeTrainingJob", "StopTrainingJob",
-                  "ListTrainingJobs", "AddTags", "ListTags", "DeleteTags"),
+                  "ListTrainingJobs", "AddTags", "ListTags", "DeleteTags",
+                  *ENDPOINT_OPERATIONS),
     "logs": ("DescribeLogStreams", "GetLogEvents", "FilterLogEvents"),
     "cloudwatch": ("GetMetricStatistics", "ListMetrics", "GetMetricData"),
 }
@@ -54,7 +59,19 @@ class Endpoint:
         root = Path(root) if root else layout.local_root()
         self.handlers = {"sagemaker": TrainingJobs(root, region), "logs": LogsApi(root, region),
                          "cloudwatch": CloudWatchApi(root, region)}
+        self.endpoints = EndpointsApi(root, region)
         self.verifier = verifier
+
+    def invoke(self, method: str, url: str, headers: dict[str, str], body: bytes,
+               name: str) -> tuple[int, bytes, dict]:
+        """sagemaker-runtime's InvokeEndpoint (rest-json) -> (status, body, headers)."""
+        try:
+            if self.verifier is not None:
+                self.verifier.verify(method, url, headers, body)
+        except ApiError as error:
+            return error.status, protocol.encode(error.body()), {
+                "x-amzn-ErrorType": error.code, "content-type": "application/json"}
+        return self.endpoints.invoke(name, body, headers)
 
     def handle(self, method: str, url: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
         """One request -> (HTTP status, JSON body); never raises."""
@@ -69,7 +86,10 @@ class Endpoint:
                 raise UnknownOperationException(
                     f"{call.operation} is not served by Shoal's endpoint (it serves "
                     f"{', '.join(SERVED[call.service])})")
-            output = getattr(self.handlers[call.service], call.operation)(call.params)
+            handler = self.handlers[call.service]
+            if call.service == "sagemaker" and call.operation in ENDPOINT_OPERATIONS:
+                handler = self.endpoints
+            output = getattr(handler, call.operation)(call.params)
             return 200, protocol.encode(output)
         except ApiError as error:
             if error.status >= 500:
@@ -96,11 +116,21 @@ def create_app(endpoint: Endpoint) -> Starlette:
         return Response(payload, status_code=status, media_type=_content_type(args[2]),
                         headers={"x-amzn-RequestId": str(uuid.uuid4()), "Server-Timing": timing})
 
-    return Starlette(routes=[Route("/", serve, methods=["POST", "GET"])])
+    async def invoke(request: Request) -> Response:
+        body = await request.body()
+        status, payload, headers = await run_in_threadpool(
+            endpoint.invoke, request.method, str(request.url), dict(request.headers), body,
+            request.path_params["name"])
+        return Response(payload, status_code=status,
+                        headers={"x-amzn-RequestId": str(uuid.uuid4()), **headers})
+
+    return Starlette(routes=[Route("/", serve, methods=["POST", "GET"]),
+                             Route("/endpoints/{name}/invocations", invoke, methods=["POST"])])
 
 
 # Calls that start or signal processes, or write a job: run in the thread pool.
-SLOW_TARGETS = frozenset({"SageMaker.CreateTrainingJob", "SageMaker.StopTrainingJob"})
+SLOW_TARGETS = frozenset({"SageMaker.CreateTrainingJob", "SageMaker.StopTrainingJob",
+                          "SageMaker.CreateEndpoint", "SageMaker.DeleteEndpoint"})
 
 
 def _content_type(headers: dict[str, str]) -> str:

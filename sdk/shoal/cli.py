@@ -505,6 +505,16 @@ def _mount_metrics_command() -> None:
 _mount_metrics_command()
 
 
+def _mount_endpoint_commands() -> None:
+    from .endpoint_commands import endpoints, invoke
+
+    cli.add_command(endpoints, name="endpoints")
+    cli.add_command(invoke, name="invoke")
+
+
+_mount_endpoint_commands()
+
+
 def main(argv=None) -> int:
     """Console entry point: run the CLI and turn errors into exit codes."""
     try:

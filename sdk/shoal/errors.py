@@ -20,6 +20,7 @@ the CLI maps the leaves to exit codes (``EXIT_CODES``).
     |   |   +-- CapacityError           the service had no capacity
     |   +-- JobStoppedError             status Stopped
     +-- EndpointError                   an endpoint did not come into service (exit 1)
+    +-- InvocationError                 an endpoint's container answered an error (exit 1)
     +-- RuntimeFailure                  inside a job: launcher and collectives (exit 1)
     |   +-- CollectiveError             a collective failed on this rank
     |   |   +-- CollectiveTimeoutError  peers did not arrive within the timeout
@@ -135,6 +136,14 @@ class EndpointError(ShoalError):
         self.endpoint_name, self.status, self.reason = endpoint_name, status, reason
         super().__init__(f"Error hosting endpoint {endpoint_name}: {status}. Reason: "
                          f"{reason or 'none given'}")
+
+
+class InvocationError(ShoalError):
+    """An endpoint's container answered a request with an error status."""
+
+    def __init__(self, endpoint_name: str, status: int | None, message: str):
+        self.endpoint_name, self.status, self.message = endpoint_name, status, message
+        super().__init__(f"{endpoint_name}: the container answered {status}: {message}")
 
 
 class RuntimeFailure(ShoalError):

@@ -193,6 +193,7 @@ def test_a_pytorch_model_deploys_locally_and_predicts_numpy(tmp_path, monkeypatc
             error["Error"]["Message"]
         assert error["LogStreamArn"].endswith("/aws/sagemaker/Endpoints/local-ep:log-stream:"
                                               "AllTraffic/local")
+        check_the_cli(tmp_path)
     finally:
         predictor.delete_endpoint()
         predictor.delete_model()
@@ -201,6 +202,23 @@ def test_a_pytorch_model_deploys_locally_and_predicts_numpy(tmp_path, monkeypatc
     with pytest.raises(ClientError, match="Endpoint local-ep of account 000000000000 not found"):
         sm.invoke_endpoint(EndpointName="local-ep", Body=b"[]")
     assert sm.list_models()["Models"] == []
+
+
+def check_the_cli(tmp_path):
+    """``shoal endpoints`` and ``shoal invoke`` on the endpoint the test deployed."""
+    from click.testing import CliRunner
+    from shoal.cli import cli, main
+
+    listed = CliRunner().invoke(cli, ["endpoints"])
+    assert listed.exit_code == 0 and listed.output.splitlines()[1].split()[:2] == [
+        "local-ep", "InService"]
+    body = tmp_path / "body.json"
+    body.write_text("[[2, 0]]")
+    out = tmp_path / "answer.json"
+    assert main(["invoke", "local-ep", "--body", str(body), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["y"] == [[2.0]]
+    body.write_text('"teapot"')
+    assert main(["invoke", "local-ep", "--body", str(body)]) == 1  # InvocationError
 
 
 def test_a_model_that_cannot_load_fails_the_deploy_with_the_reason(tmp_path, monkeypatch):

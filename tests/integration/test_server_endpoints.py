@@ -85,6 +85,16 @@ def test_boto3_and_the_cli_deploy_invoke_and_delete_and_endpoints_outlive_a_rest
         with pytest.raises(ClientError, match="ValidationError"):
             runtime.invoke_endpoint(EndpointName="e1", Body=b"0" * (6 * 1024 * 1024 + 1))
         assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["e1"]
+        logs = server.client("logs")
+        group = "/aws/sagemaker/Endpoints/e1"
+        streams = logs.describe_log_streams(logGroupName=group)["logStreams"]
+        assert [s["logStreamName"] for s in streams] == ["AllTraffic/local"]
+        messages = [e["message"] for e in logs.get_log_events(
+            logGroupName=group, logStreamName="AllTraffic/local", startFromHead=True)["events"]]
+        assert any("serving" in m and "1 worker(s)" in m for m in messages), messages
+        assert any("no such input" in m for m in messages)  # the handler's traceback
+        with pytest.raises(ClientError, match="ResourceNotFoundException"):
+            logs.describe_log_streams(logGroupName="/aws/sagemaker/Endpoints/nope")
 
         server.stop()  # the endpoint is its own process: it keeps serving
         server = Server(root)

@@ -187,11 +187,21 @@ class FrameworkModel(Model):
                                source_dir=source, dependencies=self.dependencies)).as_uri()
             packed = repack(archive, Path(tmp) / "model.tar.gz", entry_point=entry,
                             source_dir=source, dependencies=self.dependencies)
-            bucket = session.default_bucket()
-            key = f"{model_name}/model.tar.gz"
-            session.s3_client.upload_file(str(packed), bucket, key,
-                                          ExtraArgs={"ServerSideEncryption": "aws:kms"})
-            return f"s3://{bucket}/{key}"
+            return self._upload(session, packed, model_name)
+
+    @staticmethod
+    def _upload(session, packed: Path, model_name: str) -> str:
+        """To the default bucket (created if missing, every call with the owner check), KMS
+        server-side encryption as v2 asks for it."""
+        from shoal import transfer
+
+        bucket, owner = session.default_bucket(), session.account_id()
+        key = f"{model_name}/model.tar.gz"
+        transfer.ensure_bucket(session.s3_client, bucket, region=session.region,
+                               expected_owner=owner)
+        transfer.upload_file(session.s3_client, packed, bucket, key, extra_args={
+            "ServerSideEncryption": "aws:kms", "ExpectedBucketOwner": owner})
+        return f"s3://{bucket}/{key}"
 
     @staticmethod
     def _local_copy(uri: str | None, dest: Path, session) -> Path | None:

@@ -4,21 +4,25 @@
 
 Fetches the model's ``ModelDataUrl`` (``file://`` or ``s3://``), extracts it into
 ``ENDPOINT_DIR/model`` with tarfile's ``data`` filter (as ``/opt/ml/model``), exports the
-container's ``Environment`` and becomes the model server on ``127.0.0.1:PORT`` (the same
-process: the endpoint's recorded pid stays valid). The server writes ``ready`` once every
-worker loaded the model; any failure lands in ``failure`` for ``DescribeEndpoint``.
+container's ``Environment`` and runs the model server on ``127.0.0.1:PORT`` as its child,
+relaying each line it prints to the endpoint's log stream (``streams/<variant>.log``, what
+CloudWatch Logs shows as ``/aws/sagemaker/Endpoints/<name>``) and to ``logs.txt``. The
+server writes ``ready`` once every worker loaded the model; any failure lands in
+``failure`` for ``DescribeEndpoint``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-from . import storage
+from . import log_streams, state, storage
 
 
 def prepare(folder: Path) -> dict:
@@ -49,12 +53,23 @@ def main(argv: list[str]) -> int:
         print(f"endpoint: {error}", file=sys.stderr)
         return 1
     env = {**os.environ, **environment, "SAGEMAKER_BIND_TO_PORT": port}
-    env.setdefault("SAGEMAKER_MODEL_SERVER_WORKERS", "1")
-    os.execve(sys.executable, [sys.executable, "-u", "-m", "shoal.deploy.modelserver", "serve",
-                               "--model-dir", str(folder / "model"), "--host", "127.0.0.1",
-                               "--port", port, "--failure-file", str(folder / "failure"),
-                               "--ready-file", str(folder / "ready")], env)
-    return 0  # not reached
+    env.setdefault("SAGEMAKER_MODEL_SERVER_WORKERS", "1")  # each worker holds the model
+    variant = state.read(folder / "endpoint.json").get("ShoalVariant", "AllTraffic")
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "shoal.deploy.modelserver", "serve", "--model-dir",
+         str(folder / "model"), "--host", "127.0.0.1", "--port", port, "--failure-file",
+         str(folder / "failure"), "--ready-file", str(folder / "ready")],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+    streams = log_streams.StreamWriter(folder)
+    try:
+        for raw in server.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            streams.write(variant, line)
+            print(line, flush=True)
+    finally:
+        streams.close()
+    return server.wait()
 
 
 if __name__ == "__main__":

@@ -32,11 +32,18 @@ from . import layout, process, state
 
 ACCOUNT = "000000000000"
 VARIANT = "AllTraffic"
+ENDPOINT_LOG_GROUP = "/aws/sagemaker/Endpoints/"
+INSTANCE_ID = "local"  # the stream is <variant>/<instance id>, as SageMaker names it
 MAX_BODY = 6 * 1024 * 1024  # InvokeEndpoint's request and response limit
 INVOKE_TIMEOUT = 60.0  # the runtime's wait for the container
 TIMED_OUT = ("Your invocation timed out while waiting for a response from container primary. "
              "Review the latency metrics for each container in Amazon CloudWatch, resolve the "
              "issue, and try again.")
+
+
+def endpoint_streams_dir(root: Path, name: str) -> Path:
+    """Where an endpoint's model server output lands as ``<variant>.log`` stream files."""
+    return Path(root) / ".endpoints" / name / "streams"
 
 
 def client_error(operation: str, code: str, message: str, status: int = 400,
@@ -242,7 +249,7 @@ class LocalEndpoints:
                                      ("X-Amzn-SageMaker-Custom-Attributes", CustomAttributes))
                    if v}
         log_stream = (f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints/"
-                      f"{EndpointName}:log-stream:{record['ShoalVariant']}/local")
+                      f"{EndpointName}:log-stream:{record['ShoalVariant']}/{INSTANCE_ID}")
         try:
             reply = _http().request(
                 "POST", f"http://127.0.0.1:{record['ShoalPort']}/invocations", body=body,

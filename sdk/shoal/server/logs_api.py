@@ -1,7 +1,8 @@
 """The CloudWatch Logs API over the local jobs' log streams (``shoal.local.log_streams``):
 ``DescribeLogStreams``, ``GetLogEvents`` and ``FilterLogEvents`` in group
-``/aws/sagemaker/TrainingJobs``, paged the way SageMaker SDK v2's log follower and the AWS CLI
-rely on:
+``/aws/sagemaker/TrainingJobs``, and in ``/aws/sagemaker/Endpoints/<name>`` over a local
+endpoint's (one stream, ``AllTraffic/local``: its model server's output), paged the way
+SageMaker SDK v2's log follower and the AWS CLI rely on:
 
 - GetLogEvents' forward token at the end of a stream is the token that was passed in, and a
   page past the end is empty: the SDK's follower stops at the first empty page;
@@ -16,6 +17,7 @@ import re
 from pathlib import Path
 
 from shoal.local import log_streams
+from shoal.local.endpoints import ENDPOINT_LOG_GROUP, INSTANCE_ID, endpoint_streams_dir
 from shoal.local.log_streams import LOG_GROUP, Event
 
 from .api_errors import InvalidParameterException, LogsResourceNotFound
@@ -34,12 +36,13 @@ class LogsApi:
 
     # -- operations ----------------------------------------------------------------------
     def DescribeLogStreams(self, params: dict) -> dict:  # noqa: N802 - the API's names
-        self._group(params)
+        endpoint = self._group(params)
         prefix = params.get("logStreamNamePrefix", "")
         order = params.get("orderBy", "LogStreamName")
         if prefix and order == "LastEventTime":
             raise InvalidParameterException("Cannot order by LastEventTime with a logStreamNamePrefix.")
-        streams = [s for s in self._streams(prefix) if s["logStreamName"].startswith(prefix)]
+        streams = [s for s in self._streams(prefix, endpoint)
+                   if s["logStreamName"].startswith(prefix)]
         key = ((lambda s: s.get("lastEventTimestamp", 0)) if order == "LastEventTime"
                else (lambda s: s["logStreamName"]))
         streams.sort(key=key, reverse=bool(params.get("descending")))
@@ -51,8 +54,8 @@ class LogsApi:
         return out
 
     def GetLogEvents(self, params: dict) -> dict:  # noqa: N802
-        self._group(params)
-        events = self.cache.events(self._stream_path(params["logStreamName"]))
+        endpoint = self._group(params)
+        events = self.cache.events(self._stream_path(params["logStreamName"], endpoint))
         limit = params.get("limit", EVENTS_LIMIT)
         chosen = [e for e in events if _in_range(e, params)]
         token = params.get("nextToken")
@@ -77,17 +80,18 @@ class LogsApi:
                 "nextBackwardToken": f"b/{page[0].index}"}
 
     def FilterLogEvents(self, params: dict) -> dict:  # noqa: N802
-        self._group(params)
+        endpoint = self._group(params)
         names = params.get("logStreamNames")
         prefix = params.get("logStreamNamePrefix", "")
         if names and prefix:
             raise InvalidParameterException(
                 "logStreamNames and logStreamNamePrefix are mutually exclusive")
-        streams = [s["logStreamName"] for s in self._streams(prefix)
+        streams = [s["logStreamName"] for s in self._streams(prefix, endpoint)
                    if (s["logStreamName"] in names if names else s["logStreamName"].startswith(prefix))]
         match = _pattern(params.get("filterPattern", ""))
         merged = sorted(
-            ((e, name) for name in streams for e in self.cache.events(self._stream_path(name))
+            ((e, name) for name in streams
+             for e in self.cache.events(self._stream_path(name, endpoint))
              if _in_range(e, params) and match(e.message)),
             key=lambda pair: (pair[0].timestamp, pair[1], pair[0].index))
         start = _offset(params.get("nextToken"), "e")
@@ -102,10 +106,34 @@ class LogsApi:
         return out
 
     # -- streams -------------------------------------------------------------------------
-    def _group(self, params: dict) -> None:
+    def _group(self, params: dict) -> str | None:
+        """None for the training jobs' group, the endpoint's name for an endpoint's."""
         group = params.get("logGroupName") or params.get("logGroupIdentifier", "").rsplit(":", 1)[-1]
-        if group != LOG_GROUP:
-            raise LogsResourceNotFound("The specified log group does not exist.")
+        if group == LOG_GROUP:
+            return None
+        name = group.removeprefix(ENDPOINT_LOG_GROUP)
+        if group.startswith(ENDPOINT_LOG_GROUP) and "/" not in name and name not in ("", ".", "..") \
+                and endpoint_streams_dir(self.root, name).is_dir():
+            return name
+        raise LogsResourceNotFound("The specified log group does not exist.")
+
+    def _endpoint_streams(self, endpoint: str) -> list[dict]:
+        out = []
+        for path in sorted(endpoint_streams_dir(self.root, endpoint).glob("*.log")):
+            events = self.cache.events(path)
+            if events:
+                out.append(self._stream_entry(f"{path.stem}/{INSTANCE_ID}", events,
+                                              f"{ENDPOINT_LOG_GROUP}{endpoint}"))
+        return out
+
+    def _stream_entry(self, name: str, events: list[Event], group: str) -> dict:
+        return {"logStreamName": name, "creationTime": events[0].timestamp,
+                "firstEventTimestamp": events[0].timestamp,
+                "lastEventTimestamp": events[-1].timestamp,
+                "lastIngestionTime": events[-1].timestamp,
+                "arn": f"arn:aws:logs:{self.region}:000000000000:log-group:{group}:"
+                       f"log-stream:{name}",
+                "storedBytes": 0}
 
     def _job_dirs(self, prefix: str) -> list[Path]:
         job = prefix.split("/", 1)[0]
@@ -115,7 +143,9 @@ class LogsApi:
             candidates = sorted(self.root.glob(f"{glob_escape(job)}*")) if self.root.exists() else []
         return [d for d in candidates if (d / log_streams.STREAMS_DIR).is_dir()]
 
-    def _streams(self, prefix: str) -> list[dict]:
+    def _streams(self, prefix: str, endpoint: str | None = None) -> list[dict]:
+        if endpoint is not None:
+            return self._endpoint_streams(endpoint)
         out = []
         for job_dir in self._job_dirs(prefix):
             for path in sorted((job_dir / log_streams.STREAMS_DIR).glob("*.log")):
@@ -123,18 +153,17 @@ class LogsApi:
                 if not events:
                     continue  # a stream exists once its host printed a line
                 name = f"{job_dir.name}/{path.stem}-{events[0].timestamp // 1000}"
-                out.append({
-                    "logStreamName": name, "creationTime": events[0].timestamp,
-                    "firstEventTimestamp": events[0].timestamp,
-                    "lastEventTimestamp": events[-1].timestamp,
-                    "lastIngestionTime": events[-1].timestamp,
-                    "arn": f"arn:aws:logs:{self.region}:000000000000:log-group:{LOG_GROUP}:"
-                           f"log-stream:{name}",
-                    "storedBytes": 0,
-                })
+                out.append(self._stream_entry(name, events, LOG_GROUP))
         return out
 
-    def _stream_path(self, name: str) -> Path:
+    def _stream_path(self, name: str, endpoint: str | None = None) -> Path:
+        if endpoint is not None:
+            variant, _, instance = name.partition("/")
+            path = endpoint_streams_dir(self.root, endpoint) / f"{variant}.log"
+            if instance != INSTANCE_ID or "/" in variant or variant in ("", ".", "..") \
+                    or not self.cache.events(path):
+                raise LogsResourceNotFound("The specified log stream does not exist.")
+            return path
         job, _, rest = name.partition("/")
         host, _, epoch = rest.rpartition("-")
         path = log_streams.stream_file(self.root / job, host) if job and host and "/" not in host \

@@ -7,7 +7,7 @@ APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps o
 STAMP := $(VENV)/.shoal-installed
 PYTEST_ARGS ?=
 
-.PHONY: all demo test unit integration benchmarks torch-suite stress-failures stress-faults lint system venv clean
+.PHONY: all demo test unit integration benchmarks bench-serve torch-suite stress-failures stress-faults lint system venv clean
 
 all: test
 
@@ -46,6 +46,12 @@ integration: venv
 
 benchmarks: venv
 	$(PY) benchmarks/run_all.py
+
+# Endpoint latency against the in-process model and TorchServe (installed here for the run;
+# it needs the Java runtime, present on Debian as default-jre-headless).
+bench-serve: venv
+	$(VENV)/bin/pip install -q torchserve torch-model-archiver
+	$(PY) benchmarks/serve_predict.py
 
 # PyTorch's own process-group suite (DistributedTest._DistTestBase, as torch's
 # test_distributed_spawn.py runs it) on each backend and world size, then the table of tests

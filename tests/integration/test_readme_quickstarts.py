@@ -18,15 +18,16 @@ pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_SECTION = "## Boto3 and the AWS CLI (`shoal serve`)"
+DEPLOY_SECTION = "## Deploying: `deploy()`, `predict()` and the model server"
 
 
-def shell_block(section: str) -> str:
-    """The first ```sh block under the README's heading ``section``."""
+def shell_block(section: str, language: str = "sh") -> str:
+    """The first ```<language> block under the README's heading ``section``."""
     text = (REPO / "README.md").read_text()
     assert section in text, f"README.md has no section {section!r}"
     after = text.split(section, 1)[1].split("\n## ", 1)[0]
-    found = re.search(r"^```sh\n(.*?)^```", after, re.S | re.M)
-    assert found, f"no sh block under {section!r}"
+    found = re.search(rf"^```{language}\n(.*?)^```", after, re.S | re.M)
+    assert found, f"no {language} block under {section!r}"
     return found.group(1)
 
 
@@ -73,3 +74,20 @@ def test_the_shoal_serve_quick_start_runs_as_printed(tmp_path):
     finally:
         for process in processes_of(Path(env["HOME"])):
             process.kill()
+
+
+@pytest.mark.torch
+def test_the_deploy_quick_start_trains_serves_predicts_and_deletes(tmp_path):
+    pytest.importorskip("torch", reason="the example trains and serves a PyTorch model")
+    checkout, env = fresh_machine(tmp_path)
+    env["SHOAL_LOCAL_ROOT"] = str(tmp_path / "jobs")
+    script = tmp_path / "quickstart.py"
+    script.write_text(shell_block(DEPLOY_SECTION, "python"))
+    done = subprocess.run([sys.executable, str(script)], cwd=checkout / "examples" / "deploy",
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    printed = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\[\[1\.5\d*\]\]|\[\[1\.4\d*\]\]", printed), printed
+    assert not list((tmp_path / "jobs" / ".endpoints").glob("*/endpoint.json"))  # deleted
+    assert not (tmp_path / "jobs" / ".models").exists() or not list(
+        (tmp_path / "jobs" / ".models").glob("*.json"))

@@ -11,7 +11,8 @@ from shoal.server.command import environment, serve
 
 URL = "http://127.0.0.1:8123"
 SHOWN = ("AWS_ENDPOINT_URL_SAGEMAKER", "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS",
-         "AWS_ENDPOINT_URL_CLOUDWATCH", "AWS_DEFAULT_REGION",
+         "AWS_ENDPOINT_URL_CLOUDWATCH", "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME",
+         "AWS_DEFAULT_REGION",
          "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SHOAL_SERVE_PID")
 
 
@@ -26,7 +27,8 @@ def evaluated(lines: list[str], **shell) -> dict[str, str]:
 def test_a_shell_without_aws_gets_the_endpoint_a_region_and_placeholder_keys():
     assert evaluated(environment(URL, "eu-west-1", None, 4242)) == {
         "AWS_ENDPOINT_URL_SAGEMAKER": URL, "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": URL,
-        "AWS_ENDPOINT_URL_CLOUDWATCH": URL, "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "local",
+        "AWS_ENDPOINT_URL_CLOUDWATCH": URL, "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": URL,
+        "AWS_DEFAULT_REGION": "eu-west-1", "AWS_ACCESS_KEY_ID": "local",
         "AWS_SECRET_ACCESS_KEY": "local", "SHOAL_SERVE_PID": "4242"}
 
 

@@ -56,7 +56,7 @@ def serve(host, port, region, access_key_id, root, access_log, detach, listen_fd
     jobs run on this machine.
 
     Point clients at it: AWS_ENDPOINT_URL_SAGEMAKER=<url> AWS_ENDPOINT_URL_CLOUDWATCH_LOGS=<url>
-    AWS_ENDPOINT_URL_CLOUDWATCH=<url>.
+    AWS_ENDPOINT_URL_CLOUDWATCH=<url> AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME=<url>.
     """
     from .app import Endpoint, bind, serve_forever, url_of
 
@@ -99,7 +99,8 @@ def environment(url: str, region: str, access_key_id: str | None, pid: int) -> l
     lines = [f"export AWS_ENDPOINT_URL_SAGEMAKER={shlex.quote(url)}",
              f"export AWS_ENDPOINT_URL_CLOUDWATCH_LOGS={shlex.quote(url)}",
              f'export AWS_DEFAULT_REGION="${{AWS_DEFAULT_REGION:-{region}}}"',
-             f"export AWS_ENDPOINT_URL_CLOUDWATCH={shlex.quote(url)}"]  # training metrics
+             f"export AWS_ENDPOINT_URL_CLOUDWATCH={shlex.quote(url)}",  # training metrics
+             f"export AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME={shlex.quote(url)}"]  # InvokeEndpoint
     if access_key_id:
         lines += [f"export AWS_ACCESS_KEY_ID={shlex.quote(access_key_id)}",
                   f'export AWS_SECRET_ACCESS_KEY="${SECRET_ENV}"']

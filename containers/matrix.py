@@ -13,6 +13,7 @@ import yaml
 
 MATRIX_FILE = Path(__file__).with_name("matrix.yaml")
 PROCESSORS = ("gpu", "cpu")
+SCOPES = ("training", "inference")  # an image that trains (``train``) or serves (``serve``)
 
 
 @attrs.frozen
@@ -33,8 +34,10 @@ class ImageSpec:
     efa: str | None = None
     aws_ofi_nccl: str | None = None
 
-    def repository(self) -> str:
-        return _matrix()["repository"].format(framework=self.framework)
+    def repository(self, scope: str = "training") -> str:
+        if scope not in SCOPES:
+            raise ValueError(f"'scope' must be in {SCOPES!r} (got {scope!r})")
+        return _matrix()["repository"].format(framework=self.framework, scope=scope)
 
     def tag(self, processor: str) -> str:
         if processor not in PROCESSORS:
@@ -107,7 +110,8 @@ def registry_domain(region: str) -> str:
     return "amazonaws.com"
 
 
-def image_uri(spec: ImageSpec, processor: str, account: str, region: str) -> str:
+def image_uri(spec: ImageSpec, processor: str, account: str, region: str,
+              scope: str = "training") -> str:
     """The ECR URI of an image in the user's account and region."""
     registry = f"{account}.dkr.ecr.{region}.{registry_domain(region)}"
-    return f"{registry}/{spec.repository()}:{spec.tag(processor)}"
+    return f"{registry}/{spec.repository(scope)}:{spec.tag(processor)}"

@@ -143,9 +143,10 @@ def push_image(options: render.BuildOptions, *, dest: str | None = None, ecr=Non
     if ecr is None or not ecr.meta.region_name:
         raise BuildError("no AWS region for the ECR push: pass --region or set AWS_DEFAULT_REGION")
     login = ecr_login(ecr, account)
-    ensure_repository(ecr, spec.repository(), account=login.account,
+    ensure_repository(ecr, spec.repository(options.scope), account=login.account,
                       scan_on_push=scan_on_push, immutable_tags=immutable_tags)
-    uri = matrix.image_uri(spec, options.processor, login.account, ecr.meta.region_name)
+    uri = matrix.image_uri(spec, options.processor, login.account, ecr.meta.region_name,
+                           options.scope)
     with tempfile.TemporaryDirectory(prefix="shoal-auth-") as private:
         authfile = Path(private) / "auth.json" if builder == "buildah" else None
         builders.run(login_command(builder, login.registry, authfile=authfile, buildah=buildah),

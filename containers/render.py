@@ -42,6 +42,8 @@ class BuildOptions:
     python: str | None = attrs.field(default=None, validator=attrs.validators.optional(
         attrs.validators.matches_re(r"3(\.\d{1,2})?")))
     install_framework: bool = True
+    # training: `train`, MPI, NCCL/EFA, SSH; inference: the model server (`serve`, port 8080)
+    scope: str = attrs.field(default="training", validator=attrs.validators.in_(matrix.SCOPES))
     shoal_version: str = attrs.field(factory=_shoal_version)
     # Extra CA certificates (PEM, *.crt) the build trusts, e.g. a TLS-inspecting proxy's.
     ca_certificates: tuple[Path, ...] = attrs.field(
@@ -76,7 +78,7 @@ class BuildOptions:
     def local_name(self) -> str:
         """The image's name in the local store (buildah files it under localhost/): the
         repository and tag it is pushed as, and the name local-mode jobs run."""
-        return f"{self.spec.repository()}:{self.spec.tag(self.processor)}"
+        return f"{self.spec.repository(self.scope)}:{self.spec.tag(self.processor)}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,9 +111,10 @@ def labels(options: BuildOptions) -> dict[str, str]:
         "ai.shoal.py-version": spec.py_version,
     }
     if options.processor == "gpu":
+        out["ai.shoal.cuda"] = spec.cuda
+    if options.processor == "gpu" and options.scope == "training":  # the comms stack
         tools = spec.toolchain()
         out.update({
-            "ai.shoal.cuda": spec.cuda,
             "ai.shoal.nccl": spec.nccl,
             "ai.shoal.openmpi": tools["openmpi"],
             "ai.shoal.efa-installer": tools["efa"],
@@ -141,7 +144,9 @@ def template_context(options: BuildOptions) -> dict:
         "aws_ofi_nccl_version": tools["aws_ofi_nccl"],
         "shoal_version": options.shoal_version,
         "install_framework": options.install_framework,
-        "repository": spec.repository(),
+        "repository": spec.repository(options.scope),
+        "scope": options.scope,
+        "serving_port": 8080,
         "tag": spec.tag(options.processor),
         "labels": labels(options),
         "venv": VENV,
@@ -168,6 +173,11 @@ def template_context(options: BuildOptions) -> dict:
             "ca-certificates", "curl", "openmpi-bin", "openssh-client", "openssh-server",
             "procps", "iproute2", *_python_packages(python, "", "-venv"),
         ],
+        # the model server needs no MPI or SSH; the builder compiles Shoal's core as ever
+        "inference_packages": ["ca-certificates", "curl", "procps",
+                               *_python_packages(python, "", "-venv")],
+        "inference_build_packages": ["build-essential", "libopenmpi-dev",
+                                     *_python_packages(python, "-dev")],
         "cpu_build_packages": [
             "build-essential", "libopenmpi-dev", *_python_packages(python, "-dev"),
         ],
@@ -175,7 +185,17 @@ def template_context(options: BuildOptions) -> dict:
 
 
 def template_name(options: BuildOptions) -> str:
+    if options.scope == "inference":
+        name = f"{options.framework}-inference.Dockerfile.j2"
+        if not (TEMPLATES_DIR / name).exists():
+            raise ImageError(f"no {options.framework} inference image yet (inference images: "
+                             f"{', '.join(inference_frameworks())})")
+        return name
     return f"{options.framework}.Dockerfile.j2"
+
+
+def inference_frameworks() -> list[str]:
+    return sorted(p.name.split("-inference")[0] for p in TEMPLATES_DIR.glob("*-inference.*"))
 
 
 def render_dockerfile(options: BuildOptions) -> str:

@@ -1,7 +1,8 @@
 #!/bin/bash
-# Entrypoint of Shoal training images: `docker run IMAGE train` (what SageMaker runs).
+# Entrypoint of Shoal images: `docker run IMAGE train` or `serve` (what SageMaker runs).
 # Names this host as the job does (resourceconfig.json's current_host) for every process
-# started from here, then runs the command: `train` (the launcher) when none is given.
+# started from here, then runs the command: `train` (the launcher) when none is given
+# (inference images give `serve`, the model server, as their CMD).
 set -euo pipefail
 
 base_dir="${SAGEMAKER_BASE_DIR:-/opt/ml}"

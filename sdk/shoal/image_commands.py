@@ -23,6 +23,9 @@ def _image_options(command):
                           "patch release)."),
         click.option("--processor", type=click.Choice(matrix.PROCESSORS), default="gpu",
                      show_default=True),
+        click.option("--scope", type=click.Choice(matrix.SCOPES), default="training",
+                     show_default=True, help="A training image (train) or an inference image "
+                                             "(serve: the model server)."),
     ]
     for decorate in reversed(decorators):
         command = decorate(command)
@@ -31,7 +34,7 @@ def _image_options(command):
 
 @click.group("image")
 def image():
-    """Build and push Shoal's training images."""
+    """Build and push Shoal's training and inference images."""
 
 
 @image.command("build")
@@ -49,13 +52,13 @@ def image():
 @click.option("--builder", type=click.Choice(builders.BUILDERS), default=None,
               help="Default: docker when an engine answers, else buildah.")
 @click.option("--dry-run", is_flag=True, help="Print the rendered Dockerfile; build nothing.")
-def build(framework, framework_version, processor, base, python, no_framework, source,
+def build(framework, framework_version, processor, scope, base, python, no_framework, source,
           ca_certificates, builder, dry_run):
     """Render the Dockerfile and build the image."""
     try:
         options = render.BuildOptions(
             framework=framework, framework_version=framework_version, processor=processor,
-            base=base, python=python, install_framework=not no_framework,
+            scope=scope, base=base, python=python, install_framework=not no_framework,
             ca_certificates=ca_certificates)
     except ValueError as error:  # attrs validators: a usage error
         raise click.BadParameter(str(error)) from error
@@ -74,11 +77,11 @@ def build(framework, framework_version, processor, base, python, no_framework, s
 @click.option("--immutable-tags", is_flag=True, help="Create the repository with immutable tags.")
 @click.option("--no-scan-on-push", is_flag=True, help="Create the repository without scan on push.")
 @click.option("--builder", type=click.Choice(builders.BUILDERS), default=None)
-def push_(framework, framework_version, processor, dest, account, region, immutable_tags,
-          no_scan_on_push, builder):
+def push_(framework, framework_version, processor, scope, dest, account, region,
+          immutable_tags, no_scan_on_push, builder):
     """Push a built image to ECR (as the SDK names it) or to a local layout."""
     options = render.BuildOptions(framework=framework, framework_version=framework_version,
-                                  processor=processor)
+                                  processor=processor, scope=scope)
     where = push.push_image(options, dest=dest, builder=builder, account=account, region=region,
                             scan_on_push=not no_scan_on_push, immutable_tags=immutable_tags)
     click.echo(where)

@@ -53,3 +53,15 @@ def test_boto3_endpoint_notebook(tmp_path, monkeypatch):
     assert "Completed file://" in text and "model.tar.gz" in text
     for host in ("algo-1", "algo-2"):
         assert f"{host}: fitted slope 3.000 on 100 points" in text
+
+
+@pytest.mark.torch
+def test_deploy_notebook(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_LOCAL_ROOT", str(tmp_path))
+    notebook = run_notebook(NOTEBOOKS / "deploy.ipynb")
+    text = outputs(notebook)
+    assert "final train:loss: 0.0" in text and "plot written: True" in text
+    assert "prediction [[1.5], [0.5]]" in text and "endpoint deleted" in text
+    images = [out for cell in notebook.cells if cell.cell_type == "code"
+              for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    assert len(images) == 1

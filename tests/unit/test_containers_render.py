@@ -233,3 +233,41 @@ def test_every_run_step_is_valid_shell_and_every_instruction_known(spec, process
             assert done.returncode == 0, (body, done.stderr)
         if name in ("ENTRYPOINT", "CMD"):
             assert isinstance(json.loads(body), list)
+
+
+INFERENCE = [(spec, processor) for spec in matrix.specs("pytorch") for processor in
+             matrix.PROCESSORS]
+
+
+@pytest.mark.parametrize("spec,processor", INFERENCE,
+                         ids=[f"{s.framework_version}-{p}" for s, p in INFERENCE])
+def test_inference_images_serve_without_the_training_stack(spec, processor):
+    opts = options(spec, processor, scope="inference")
+    text = render.render_dockerfile(opts)
+    assert opts.local_name == f"shoal-pytorch-inference:{spec.tag(processor)}"
+    assert [name for _, name in stages(text)] == ["system", "builder", "final"]
+    final = stage_body(text, "final")
+    system = stage_body(text, "system").lower()
+    for training_only in ("openmpi", "efa", "ssh", "nccl", "mpirun"):
+        assert training_only not in final.lower() and training_only not in system
+    assert 'CMD ["serve"]' in final and "EXPOSE 8080" in final
+    assert "ENV SAGEMAKER_BIND_TO_PORT=8080" in final
+    assert "test -x /opt/shoal/venv/bin/serve" in final
+    assert f'"torch=={spec.framework_version}+' in final
+    known = {"FROM", "RUN", "ENV", "COPY", "LABEL", "WORKDIR", "ENTRYPOINT", "CMD", "EXPOSE"}
+    for name, body in instructions(text):
+        assert name in known
+        if name == "RUN":
+            assert subprocess.run(["sh", "-n", "-c", body]).returncode == 0, body
+
+
+def test_inference_images_are_named_beside_the_training_ones():
+    spec = matrix.find("pytorch", "2.0.1")
+    assert spec.repository("inference") == "shoal-pytorch-inference"
+    assert matrix.image_uri(spec, "gpu", "111122223333", "us-west-2", "inference") == (
+        "111122223333.dkr.ecr.us-west-2.amazonaws.com/shoal-pytorch-inference:2.0.1-gpu-py310")
+    with pytest.raises(ValueError, match="'scope' must be in"):
+        spec.repository("serving")
+    with pytest.raises(ImageError, match="no tensorflow inference image yet"):
+        render.render_dockerfile(render.BuildOptions("tensorflow", "2.13.0", "cpu",
+                                                     scope="inference"))

@@ -20,6 +20,7 @@ _EXPORTS = {
     "InstanceGroup": "shoal.estimator",
     "Model": "shoal.deploy.model",
     "PyTorchModel": "shoal.deploy.model",
+    "TensorFlowModel": "shoal.deploy.model",
     "Predictor": "shoal.deploy.predictor",
     "PyTorchPredictor": "shoal.deploy.predictor",
     "TensorFlowPredictor": "shoal.deploy.predictor",

@@ -23,6 +23,23 @@ class TensorFlow(Framework):
         super().__init__(entry_point, image_uri=image_uri, framework_version=framework_version,
                          py_version=py_version, distribution=distribution, **kwargs)
 
+    def _model_class(self):
+        from shoal.deploy.model import TensorFlowModel
+
+        return TensorFlowModel
+
+    def create_model(self, role=None, entry_point=None, **kwargs):
+        """The SavedModel the job wrote, served as is (v2 passes no entry point for
+        TensorFlow); ``entry_point="inference.py"`` adds input/output handlers."""
+        if entry_point is None:
+            from shoal.deploy.model import TensorFlowModel
+
+            return TensorFlowModel(self.model_data, role=role or self.config.role,
+                                   framework_version=self.framework_version,
+                                   image_uri=kwargs.pop("image_uri", None) or self.image_uri,
+                                   sagemaker_session=self.sagemaker_session, **kwargs)
+        return super().create_model(role=role, entry_point=entry_point, **kwargs)
+
     def _metrics_default(self) -> bool | None:
         # v2 turns SageMaker metrics time series on from TensorFlow 1.15
         return self._metrics_since("1.15")

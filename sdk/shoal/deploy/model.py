@@ -228,3 +228,38 @@ class PyTorchModel(FrameworkModel):
         super().__init__(model_data, role=role, entry_point=entry_point,
                          framework_version=framework_version, py_version=py_version,
                          predictor_cls=predictor_cls, **kwargs)
+
+
+class TensorFlowModel(FrameworkModel):
+    """A TensorFlow SavedModel served as TensorFlow Serving's container serves it: the
+    trained archive as is (no repack) unless an ``entry_point`` (``inference.py`` with
+    ``input_handler``/``output_handler``) joins it."""
+
+    _framework_name = "tensorflow"
+
+    def __init__(self, model_data, role=None, entry_point=None, framework_version=None,
+                 predictor_cls=None, **kwargs):
+        from .predictor import TensorFlowPredictor
+
+        kwargs.pop("py_version", None)  # v2's TensorFlow serving images have no Python tag
+        super().__init__(model_data, role=role, entry_point=entry_point,
+                         framework_version=framework_version,
+                         predictor_cls=predictor_cls or TensorFlowPredictor, **kwargs)
+
+    def serving_image_uri(self, instance_type: str) -> str:
+        if self.image_uri:
+            return self.image_uri
+        session = self._session(instance_type)
+        from shoal.containers import matrix
+
+        spec = matrix.find("tensorflow", self.framework_version)
+        py = spec.py_version if spec else None
+        training = image_uris.training_image_uri(
+            "tensorflow", self.framework_version, py, instance_type,
+            account=session.account_id, region=session.region)
+        return image_uris.inference_image_uri(training)
+
+    def _script_env(self, instance_type: str) -> dict:
+        if self.entry_point:
+            return super()._script_env(instance_type)
+        return {"SAGEMAKER_TFS_NGINX_LOGLEVEL": "info", **self.env}

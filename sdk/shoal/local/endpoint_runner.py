@@ -40,7 +40,10 @@ def prepare(folder: Path) -> dict:
                 archive = storage.file_path(url)
             with tarfile.open(archive) as tar:
                 tar.extractall(model_dir, filter="data")
-    return {str(k): str(v) for k, v in (container.get("Environment") or {}).items()}
+    env = {str(k): str(v) for k, v in (container.get("Environment") or {}).items()}
+    # the image says which container this is: TensorFlow Serving's, or the PyTorch toolkit's
+    framework = "tensorflow" if "tensorflow" in container.get("Image", "") else "pytorch"
+    return {"SHOAL_MODEL_SERVER_FRAMEWORK": framework, **env}
 
 
 def main(argv: list[str]) -> int:

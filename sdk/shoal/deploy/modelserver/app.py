@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import traceback
@@ -39,18 +40,31 @@ class Settings:
     timeout: float = 60.0
     max_payload: int = 6 * 1024 * 1024
     device: str | None = None
+    framework: str = "pytorch"  # or tensorflow: SavedModels, TensorFlow Serving's contract
+    port: int | None = None  # the bound port: a TensorFlow handler's context.rest_uri
 
 
 def create_app(settings: Settings, on_ready: Callable[[], None] | None = None,
                on_failure: Callable[[str], None] | None = None) -> Starlette:
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                      thread_name_prefix="shoal-handler")
+    # TensorFlow Serving's REST route has its own thread: a user's handler calls it while
+    # holding the request thread
+    rest_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                          thread_name_prefix="shoal-rest")
     state: dict = {"handlers": None}
+    tensorflow = settings.framework == "tensorflow"
 
-    def load() -> Handlers:
+    def load():
         from .handlers import load_module
 
-        module = load_module(os.path.join(settings.model_dir, "code"), settings.program)
+        code_dir = os.path.join(settings.model_dir, "code")
+        if tensorflow:  # the TensorFlow container's module has a fixed name
+            from .tfserving import TensorFlowHandlers
+
+            return TensorFlowHandlers(load_module(code_dir, "inference.py"), settings.model_dir,
+                                      rest_port=settings.port)
+        module = load_module(code_dir, settings.program)
         handlers = Handlers(module, device=settings.device)
         handlers.load(settings.model_dir, Context(settings.model_dir, system_properties={
             "model_dir": settings.model_dir}))
@@ -86,11 +100,15 @@ def create_app(settings: Settings, on_ready: Callable[[], None] | None = None,
         accept = request.headers.get("accept")
         if not accept or accept.strip() == codecs.ANY:
             accept = default_accept()
-        context = Context(settings.model_dir, dict(request.headers),
-                          {"model_dir": settings.model_dir})
         loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(executor, state["handlers"].transform, body, content_type,
-                                    accept, context)
+        if tensorflow:
+            call = loop.run_in_executor(executor, state["handlers"].transform, body,
+                                        dict(request.headers))
+        else:
+            context = Context(settings.model_dir, dict(request.headers),
+                              {"model_dir": settings.model_dir})
+            call = loop.run_in_executor(executor, state["handlers"].transform, body,
+                                        content_type, accept, context)
         try:
             out, out_type = await asyncio.wait_for(call, settings.timeout)
         except asyncio.TimeoutError:
@@ -105,10 +123,33 @@ def create_app(settings: Settings, on_ready: Callable[[], None] | None = None,
                 message = getattr(error, "message", None) or str(error)
                 return Response(str(message), status_code=status)
             log.exception("the handler failed")
+            if tensorflow:  # the TensorFlow container answers the message alone, as JSON
+                return Response(json.dumps({"error": str(error)}), status_code=500,
+                                headers={"content-type": "application/json"})
             return Response(f"{error}\n{traceback.format_exc()}", status_code=500)
         # verbatim: Starlette would append a charset to text/*, and clients compare exactly
         return Response(out, headers={"content-type": out_type})
 
+    async def tfs_rest(request: Request) -> Response:
+        """``/v1/models/<name>[/versions/<v>]:predict``, TensorFlow Serving's REST API."""
+        target, _, method = request.path_params["target"].rpartition(":")
+        name, _, version = target.partition("/versions/")
+        if not tensorflow or state["handlers"] is None or not name:
+            return JSONResponse({"error": "not a TensorFlow Serving model"}, status_code=404)
+        body = await request.body()
+        call = asyncio.get_running_loop().run_in_executor(
+            rest_executor, state["handlers"].rest, name,
+            int(version) if version.isdigit() else None, method, body)
+        try:
+            out = await asyncio.wait_for(call, settings.timeout)
+        except Exception as error:
+            status = getattr(error, "status_code", 500)
+            message = getattr(error, "message", None) or json.dumps({"error": str(error)})
+            return Response(message, status_code=status,
+                            headers={"content-type": "application/json"})
+        return Response(out, headers={"content-type": "application/json"})
+
     return Starlette(routes=[Route("/ping", ping, methods=["GET"]),
-                             Route("/invocations", invocations, methods=["POST"])],
+                             Route("/invocations", invocations, methods=["POST"]),
+                             Route("/v1/models/{target:path}", tfs_rest, methods=["POST"])],
                      lifespan=lifespan)

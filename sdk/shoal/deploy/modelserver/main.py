@@ -6,7 +6,8 @@ The settings are the inference toolkit's environment: ``SAGEMAKER_PROGRAM``,
 ``SAGEMAKER_BIND_TO_PORT`` (8080), ``SAGEMAKER_MODEL_SERVER_WORKERS`` (default: one per CPU
 core, at most 4, or one per GPU), ``SAGEMAKER_MODEL_SERVER_TIMEOUT`` (60 s),
 ``SAGEMAKER_MAX_PAYLOAD_IN_MB`` (6), ``SAGEMAKER_STARTUP_TIMEOUT`` (600 s) and the model in
-``$SAGEMAKER_BASE_DIR/model`` (``/opt/ml/model``). The parent binds the port once and starts
+``$SAGEMAKER_BASE_DIR/model`` (``/opt/ml/model``); ``SHOAL_MODEL_SERVER_FRAMEWORK``
+(``pytorch`` or ``tensorflow``, set by the inference images) picks the contract. The parent binds the port once and starts
 the workers on it (each a uvicorn server on the shared socket, its own model); it never
 imports the framework. It exits 1 with the reason on stderr (and in ``--failure-file``) when
 a worker cannot load the model; a worker that dies later is replaced.
@@ -51,6 +52,8 @@ class ServerConfig:
     startup_timeout: float = attrs.field(default=600.0, validator=_positive)
     max_payload: int = attrs.field(default=6 * 1024 * 1024, validator=_positive)
     program: str | None = None
+    framework: str = attrs.field(default="pytorch", validator=attrs.validators.in_(
+        ("pytorch", "tensorflow")))
 
     @classmethod
     def from_env(cls, environ, model_dir=None, host=None, port=None) -> ServerConfig:
@@ -73,10 +76,12 @@ class ServerConfig:
             timeout=number("SAGEMAKER_MODEL_SERVER_TIMEOUT", float, 60.0),
             startup_timeout=number("SAGEMAKER_STARTUP_TIMEOUT", float, 600.0),
             max_payload=int(number("SAGEMAKER_MAX_PAYLOAD_IN_MB", float, 6) * 1024 * 1024),
-            program=environ.get("SAGEMAKER_PROGRAM") or None)
+            program=environ.get("SAGEMAKER_PROGRAM") or None,
+            framework=environ.get("SHOAL_MODEL_SERVER_FRAMEWORK") or "pytorch")
 
-    def worker_settings(self) -> Settings:
-        return Settings(self.model_dir, self.program, self.timeout, self.max_payload)
+    def worker_settings(self, port: int | None = None) -> Settings:
+        return Settings(self.model_dir, self.program, self.timeout, self.max_payload,
+                        framework=self.framework, port=port)
 
 
 def default_workers() -> int:
@@ -116,7 +121,7 @@ class Supervisor:
         env = dict(os.environ, SHOAL_MODELSERVER_FD=str(self.sock.fileno()),
                    SHOAL_MODELSERVER_STATUS_FD=str(write),
                    SHOAL_MODELSERVER_SETTINGS=json.dumps(
-                       attrs.asdict(self.config.worker_settings())))
+                       attrs.asdict(self.config.worker_settings(self.sock.getsockname()[1]))))
         proc = subprocess.Popen([sys.executable, "-m", "shoal.deploy.modelserver.worker"],
                                 env=env, pass_fds=(self.sock.fileno(), write))
         os.close(write)

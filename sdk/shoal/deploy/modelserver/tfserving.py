@@ -90,12 +90,15 @@ def attributes(header: str | None) -> dict[str, str]:
 def to_request(body: bytes, content_type: str) -> dict:
     """The TensorFlow Serving REST request for a SageMaker request body."""
     kind = (content_type or "application/json").split(";")[0].strip().lower()
-    text = body.decode("utf-8")
-    if kind == CSV:
-        rows = [[float(v) for v in line.split(",")] for line in text.splitlines() if line.strip()]
-        return {"instances": rows}
-    if kind not in JSON_TYPES:
+    if kind != CSV and kind not in JSON_TYPES:
         raise TFSError(415, f"Unsupported Media Type: {content_type}")
+    try:
+        text = body.decode("utf-8")
+        if kind == CSV:
+            return {"instances": [[float(v) for v in line.split(",")]
+                                  for line in text.splitlines() if line.strip()]}
+    except ValueError as error:
+        raise TFSError(400, f"the body is not UTF-8 {kind}: {error}") from None
     if kind != "application/json":
         return {"instances": [json.loads(line) for line in text.splitlines() if line.strip()]}
     try:

@@ -189,7 +189,7 @@ def torchserve_rows(model_dir: Path, body: bytes, clients: list[int], requests: 
 
     bindir = Path(sys.executable).parent
     store = root / "model-store"
-    store.mkdir()
+    store.mkdir(parents=True)
     (root / "handler.py").write_text(TS_HANDLER)
     subprocess.run([str(bindir / "torch-model-archiver"), "--model-name", "bench",
                     "--version", "1.0", "--serialized-file", str(model_dir / "model.pt"),

@@ -22,7 +22,8 @@ import shoal
 import urllib3
 from botocore.exceptions import ClientError
 from shoal.errors import EndpointError
-from shoal.local.endpoints import LocalEndpoints, free_port
+from shoal.launcher.ports import free_port
+from shoal.local.endpoints import LocalEndpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 torch = pytest.importorskip("torch", reason="the PyTorch model server needs PyTorch")

@@ -88,6 +88,17 @@ def request(name: str, code: Path, out: Path, hosts: int = 2, **environment) -> 
     }
 
 
+def point_sdk_v2_at(monkeypatch, tmp_path: Path, variables: dict[str, str]) -> None:
+    """SageMaker SDK v2 pointed at local endpoints by the environment alone (``variables``),
+    with its telemetry, which calls AWS itself, off as a user without network would have it."""
+    config = tmp_path / "sagemaker-config.yaml"
+    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
+                      "      TelemetryOptOut: true\n")
+    for key, value in {**variables, "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
+                       "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}.items():
+        monkeypatch.setenv(key, value)
+
+
 def stream_lines(logs, job: str) -> dict[str, list[str]]:
     streams = logs.describe_log_streams(logGroupName=GROUP, logStreamNamePrefix=f"{job}/",
                                         orderBy="LogStreamName", limit=50)
@@ -288,17 +299,10 @@ def test_sagemaker_sdk_v2_pytorch_fit_with_two_instances_and_s3_data(tmp_path, c
     from sagemaker.pytorch import PyTorch
 
     aws = {**FAKE_KEYS, "AWS_ENDPOINT_URL_S3": local_s3}
-    # the SDK's telemetry calls AWS itself: off, as a user without network would have it
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
-                      "      TelemetryOptOut: true\n")
     s = Server(tmp_path / "jobs", env=aws)
     try:
-        for key, value in {**aws, "AWS_ENDPOINT_URL_SAGEMAKER": s.url,
-                           "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": s.url,
-                           "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
-                           "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}.items():
-            monkeypatch.setenv(key, value)
+        point_sdk_v2_at(monkeypatch, tmp_path, {**aws, "AWS_ENDPOINT_URL_SAGEMAKER": s.url,
+                                                "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": s.url})
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="training-data")
         for name in ("a.csv", "b.csv"):

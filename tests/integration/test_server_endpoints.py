@@ -21,7 +21,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.integration.test_deploy_local import model_dir
-from tests.integration.test_server_clients import FAKE_KEYS, ROLE, Server
+from tests.integration.test_server_clients import FAKE_KEYS, ROLE, Server, point_sdk_v2_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 torch = pytest.importorskip("torch", reason="the PyTorch model server needs PyTorch")
@@ -166,18 +166,11 @@ def test_sagemaker_sdk_v2_fit_analytics_deploy_predict_delete(tmp_path, local_s3
     code.mkdir()
     (code / "train.py").write_text(textwrap.dedent(TRAIN))
     aws = {**FAKE_KEYS, "AWS_ENDPOINT_URL_S3": local_s3}
-    config = tmp_path / "sagemaker-config.yaml"
-    config.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n"
-                      "      TelemetryOptOut: true\n")
     server = Server(tmp_path / "jobs", env=aws)
     try:
-        for key, value in {**aws, "AWS_ENDPOINT_URL_SAGEMAKER": server.url,
-                           "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": server.url,
-                           "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": server.url,
-                           "AWS_ENDPOINT_URL_CLOUDWATCH": server.url,
-                           "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config),
-                           "SAGEMAKER_SUPPRESS_V2_WARNING": "1"}.items():
-            monkeypatch.setenv(key, value)
+        point_sdk_v2_at(monkeypatch, tmp_path, {
+            **aws, **{f"AWS_ENDPOINT_URL_{name}": server.url for name in (
+                "SAGEMAKER", "SAGEMAKER_RUNTIME", "CLOUDWATCH_LOGS", "CLOUDWATCH")}})
         # the SDK sleeps 30 s before each DescribeEndpoint poll
         real_sleep = time.sleep
         monkeypatch.setattr(sagemaker.session.time, "sleep", lambda s: real_sleep(min(s, 0.5)))

@@ -17,6 +17,8 @@ sagemaker = pytest.importorskip("sagemaker")
 
 import shoal  # noqa: E402
 
+from tests.unit.test_parity import offline_sdk_v2  # noqa: E402
+
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 IMAGE = "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-inference:2.0.1-cpu-py310"
 CALLS = ("create_model", "create_endpoint_config", "create_endpoint")
@@ -24,10 +26,7 @@ CALLS = ("create_model", "create_endpoint_config", "create_endpoint")
 
 @pytest.fixture
 def aws(monkeypatch, tmp_path):
-    from sagemaker.telemetry import telemetry_logging
-
-    monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda *a, **k: None)
-    monkeypatch.setenv("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+    offline_sdk_v2(monkeypatch)
     code = tmp_path / "code"
     code.mkdir()
     (code / "inference.py").write_text("def model_fn(model_dir):\n    return None\n")

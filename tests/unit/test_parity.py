@@ -41,13 +41,18 @@ DELIBERATE_DIFFERENCES = {
 }
 
 
-@pytest.fixture
-def aws(monkeypatch, tmp_path):
+def offline_sdk_v2(monkeypatch) -> None:
+    """v2 without its usage reports (over HTTP: the test machine has no network) or its
+    v3 warning."""
     from sagemaker.telemetry import telemetry_logging
 
-    # v2 reports usage over HTTP; the test machine has no network
     monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda *a, **k: None)
     monkeypatch.setenv("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+
+
+@pytest.fixture
+def aws(monkeypatch, tmp_path):
+    offline_sdk_v2(monkeypatch)
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text("print('training')\n")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,10 +27,11 @@ import psutil
 from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 
-from . import layout, process, state
+from shoal.launcher.ports import free_port  # below the ephemeral range: no client takes it
+
+from . import layout, process, state, storage
 
 ACCOUNT = "000000000000"
-VARIANT = "AllTraffic"
 ENDPOINT_LOG_GROUP = "/aws/sagemaker/Endpoints/"
 INSTANCE_ID = "local"  # the stream is <variant>/<instance id>, as SageMaker names it
 MAX_BODY = 6 * 1024 * 1024  # InvokeEndpoint's request and response limit
@@ -52,12 +52,6 @@ def client_error(operation: str, code: str, message: str, status: int = 400,
                         "ResponseMetadata": {"HTTPStatusCode": status}, **fields}, operation)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class LocalEndpoints:
     """The SageMaker and sagemaker-runtime calls of deploying, over a local root."""
 
@@ -74,20 +68,23 @@ class LocalEndpoints:
             return self.root / ".endpoints" / name / "endpoint.json"
         return self.root / f".{kind}s" / f"{name}.json"
 
+    @staticmethod
+    def _noun(kind: str) -> str:
+        """How the service's messages name a kind of resource."""
+        return "endpoint configuration" if kind == "endpoint-config" else kind
+
     def _read(self, kind: str, name: str, operation: str) -> dict:
         path = self._file(kind, name)
         if not path.is_file():
-            what = "endpoint configuration" if kind == "endpoint-config" else kind
             raise client_error(operation, "ValidationException",
-                               f'Could not find {what} "{self.arn(kind, name)}".')
+                               f'Could not find {self._noun(kind)} "{self.arn(kind, name)}".')
         return state.read(path)
 
     def _create(self, kind: str, name: str, record: dict, operation: str) -> None:
         path = self._file(kind, name)
         if path.exists():
-            what = "endpoint configuration" if kind == "endpoint-config" else kind
-            raise client_error(operation, "ValidationException",
-                               f'Cannot create already existing {what} "{self.arn(kind, name)}".')
+            raise client_error(operation, "ValidationException", f"Cannot create already "
+                               f'existing {self._noun(kind)} "{self.arn(kind, name)}".')
         path.parent.mkdir(parents=True, exist_ok=True)
         state.write(path, record)
 
@@ -99,7 +96,7 @@ class LocalEndpoints:
             raise client_error("CreateModel", "ValidationException",
                                "a model needs PrimaryContainer (or Containers)")
         url = container.get("ModelDataUrl")
-        if url and url.startswith("file://") and not Path(url[7:]).exists():
+        if url and url.startswith("file://") and not storage.file_path(url).exists():
             raise client_error("CreateModel", "ValidationException",
                                f"Could not find model data at {url}.")
         record = {"ModelName": ModelName, "ModelArn": self.arn("model", ModelName),

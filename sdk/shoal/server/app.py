@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from shoal.deploy.modelserver.main import bind as listening_socket
 from shoal.local import layout
 
 from . import protocol
@@ -153,15 +154,7 @@ def is_loopback(host: str) -> bool:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: an answer's headers and body are two writes, and
-    # with Nagle's algorithm the body waits for the client's delayed ACK (40 ms a call)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(512)
-    return sock
+    return listening_socket(host, port, backlog=512)
 
 
 def url_of(sock: socket.socket) -> str:

@@ -235,16 +235,20 @@ def test_every_run_step_is_valid_shell_and_every_instruction_known(spec, process
             assert isinstance(json.loads(body), list)
 
 
-INFERENCE = [(spec, processor) for spec in matrix.specs("pytorch") for processor in
-             matrix.PROCESSORS]
+INFERENCE = [(spec, processor) for framework in ("pytorch", "tensorflow")
+             for spec in matrix.specs(framework) for processor in matrix.PROCESSORS]
+INSTALLS = {"pytorch": lambda spec, processor: f'"torch=={spec.framework_version}+',
+            "tensorflow": lambda spec, processor: (
+                f'"{"tensorflow" if processor == "gpu" else "tensorflow-cpu"}=='
+                f'{spec.framework_version}"')}
 
 
 @pytest.mark.parametrize("spec,processor", INFERENCE,
-                         ids=[f"{s.framework_version}-{p}" for s, p in INFERENCE])
+                         ids=[f"{s.framework}-{s.framework_version}-{p}" for s, p in INFERENCE])
 def test_inference_images_serve_without_the_training_stack(spec, processor):
     opts = options(spec, processor, scope="inference")
     text = render.render_dockerfile(opts)
-    assert opts.local_name == f"shoal-pytorch-inference:{spec.tag(processor)}"
+    assert opts.local_name == f"shoal-{spec.framework}-inference:{spec.tag(processor)}"
     assert [name for _, name in stages(text)] == ["system", "builder", "final"]
     final = stage_body(text, "final")
     system = stage_body(text, "system").lower()
@@ -253,7 +257,8 @@ def test_inference_images_serve_without_the_training_stack(spec, processor):
     assert 'CMD ["serve"]' in final and "EXPOSE 8080" in final
     assert "ENV SAGEMAKER_BIND_TO_PORT=8080" in final
     assert "test -x /opt/shoal/venv/bin/serve" in final
-    assert f'"torch=={spec.framework_version}+' in final
+    assert INSTALLS[spec.framework](spec, processor) in final
+    assert f"ENV SHOAL_MODEL_SERVER_FRAMEWORK={spec.framework}" in final
     known = {"FROM", "RUN", "ENV", "COPY", "LABEL", "WORKDIR", "ENTRYPOINT", "CMD", "EXPOSE"}
     for name, body in instructions(text):
         assert name in known
@@ -268,6 +273,6 @@ def test_inference_images_are_named_beside_the_training_ones():
         "111122223333.dkr.ecr.us-west-2.amazonaws.com/shoal-pytorch-inference:2.0.1-gpu-py310")
     with pytest.raises(ValueError, match="'scope' must be in"):
         spec.repository("serving")
-    with pytest.raises(ImageError, match="no tensorflow inference image yet"):
-        render.render_dockerfile(render.BuildOptions("tensorflow", "2.13.0", "cpu",
-                                                     scope="inference"))
+    assert matrix.find("tensorflow", "2.13.0").repository("inference") == \
+        "shoal-tensorflow-inference"
+    assert render.inference_frameworks() == ["pytorch", "tensorflow"]

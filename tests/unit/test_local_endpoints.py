@@ -72,3 +72,50 @@ def test_a_container_error_is_a_424_model_error_with_the_original_fields():
             response["LogStreamArn"]) == (503, "busy", "arn:stream")
     assert model_error(404, "x", "ep", "s", "r").response["Error"]["Message"].startswith(
         "Received client error (404)")
+
+
+class _Reply:
+    status, data, headers = 200, b"[1]", {"Content-Type": "application/json"}
+
+
+class _Pool:
+    def __init__(self):
+        self.posts = []
+
+    def request(self, method, url, **_):
+        self.posts.append(url)
+        return _Reply()
+
+
+def test_the_invoke_path_rechecks_the_server_each_second_and_sees_deletes_at_once(
+        sm, monkeypatch):
+    import psutil
+    from shoal.local import endpoints, state
+
+    me = psutil.Process()
+    path = sm._file("endpoint", "ep")
+    path.parent.mkdir(parents=True)
+    record = {"EndpointName": "ep", "EndpointStatus": "InService", "ShoalPid": me.pid,
+              "ShoalCreateTime": me.create_time(), "ShoalPort": 1, "ShoalVariant": "AllTraffic"}
+    state.write(path, record)
+    pool, looked_up, clock = _Pool(), [], [100.0]
+    real_find = endpoints.process.find
+    monkeypatch.setattr(endpoints, "_http", lambda: pool)
+    monkeypatch.setattr(endpoints.process, "find",
+                        lambda *a: looked_up.append(a) or real_find(*a))
+    monkeypatch.setattr(endpoints.time, "monotonic", lambda: clock[0])
+    for _ in range(50):
+        assert sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")["Body"].read() == b"[1]"
+    assert len(pool.posts) == 50 and len(looked_up) == 1  # one liveness check, not fifty
+    clock[0] += endpoints.LIVENESS_SECONDS
+    sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")
+    assert len(looked_up) == 2  # a second on: the process is asked again
+    state.write(path, {**record, "EndpointStatus": "Updating"})  # a changed record: read at once
+    with pytest.raises(ClientError, match="not found"):
+        sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")
+    state.write(path, record)
+    sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")
+    path.unlink()  # DeleteEndpoint from another process: no request reaches the old port
+    with pytest.raises(ClientError, match="Endpoint ep of account 000000000000 not found"):
+        sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")
+    assert len(pool.posts) == 52

@@ -6,7 +6,7 @@ import re
 
 from shoal.profiler import engine, report, system_monitor
 
-from tests.unit.test_profiler_rules import T0, record, write_system
+from tests.unit.test_profiler_rules import T0, record, write_steps, write_system
 
 
 def write_network(root, node, samples, rate, interval=0.5):
@@ -21,7 +21,7 @@ def write_network(root, node, samples, rate, interval=0.5):
 
 def usage_table(html: str) -> dict[str, list[str]]:
     """The first host's system-usage rows: resource -> its cells."""
-    section = html[html.index("<h2>System usage"):]
+    section = html[html.index(">System usage</h2>"):]
     table = section[:section.index("</table>")]
     rows = {}
     for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]:
@@ -47,3 +47,42 @@ def test_the_system_usage_table_gives_every_value_its_unit(tmp_path):
 def test_network_rates_read_in_decimal_units():
     assert [report._rate(v) for v in (512, 2_569_890.1, 12_500, 3.2e9)] == [
         "512 B/s", "2.57 MB/s", "12.50 kB/s", "3.20 GB/s"]
+
+
+def _rules_page(tmp_path, metrics=None) -> str:
+    data = tmp_path / "profiler-output"
+    write_system(data, "algo-1", 20, gpus=1, cpu=37.5)
+    rules = tmp_path / "rule-output" / "ProfilerReport" / "profiler-output"
+    evaluation = engine.Evaluation(data, engine.rules_for("ProfilerReport", {}), rules)
+    evaluation.advance(final=True)
+    return report.render("lacking-job", data, [rules], evaluation.statuses(), metrics)
+
+
+def test_a_rule_without_data_keeps_the_services_status_but_is_not_shown_as_a_pass(tmp_path):
+    html = _rules_page(tmp_path)
+    row = re.search(r'<tr data-rule="LowGPUUtilization">(.*?)</tr>', html, re.S).group(1)
+    assert "NoIssuesFound" in row and "not judged" in row
+    assert 'class="status NoIssuesFound"' not in row  # not the green of a clean pass
+    lacking = re.findall(r'<li data-lacking="([^"]+)">', html)
+    assert "LowGPUUtilization" in lacking and "OverallSystemUsage" not in lacking
+    tally = re.search(r"<div class=\"tally\".*?</div>", html, re.S).group(0)
+    assert f"{len(lacking)} not judged" in tally
+
+
+def test_the_training_metrics_are_plotted_when_the_job_has_them(tmp_path):
+    assert "Training metrics" not in _rules_page(tmp_path)
+    html = _rules_page(tmp_path / "with", {"train:loss": [(T0 + i, 1.0 / (i + 1)) for i in range(30)]})
+    figure = re.search(r'<figure data-plot="Training metrics[^"]*">(.*?)</figure>', html, re.S)
+    assert figure and "train:loss" in figure.group(1) and "<svg" in figure.group(1)
+
+
+def test_evidence_is_tables_not_json(tmp_path):
+    data = tmp_path / "profiler-output"
+    write_steps(data, "algo-1", [0.6 if n % 13 == 5 else 0.05 for n in range(160)])
+    rules = tmp_path / "rule-output" / "ProfilerReport" / "profiler-output"
+    engine.Evaluation(data, engine.rules_for("StepOutlier", {}), rules).advance(final=True)
+    html = report.render("evidence-job", data, [rules])
+    finding = re.search(r'<section class="finding" data-finding="StepOutlier">(.*?)</section>',
+                        html, re.S).group(1)
+    assert "<table class=\"evidence\">" in finding and "{" not in finding
+    assert "number of outliers" in finding and "<th class=\"num\">p99</th>" in finding

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
 from shoal.profiler.data import Store
 from shoal.profiler.engine import REPORT_DIR
+from shoal.profiler.report import evidence
 from shoal.profiler.rules import RULES, SHOAL_RULES
 
 REPORT_FILE = "profiler-report.html"
@@ -40,36 +42,6 @@ def _summary(store: Store) -> list[tuple[str, str]]:
                  ("Initialization", f"{init:.1f} s ({100 * init / total:.0f} %)"),
                  ("Finalization", f"{final:.1f} s ({100 * final / total:.0f} %)")]
     return rows
-
-
-PLOT_ONLY = {"probs", "binedges", "workloads", "bottleneck_times"}  # drawn, not listed
-
-
-def _compact(value):
-    if isinstance(value, dict):
-        return {k: _compact(v) for k, v in value.items() if k not in PLOT_ONLY}
-    if isinstance(value, list):
-        head = [_compact(v) for v in value[:12]]
-        return head + [f"... {len(value) - 12} more"] if len(value) > 12 else head
-    if isinstance(value, float):
-        return float(f"{value:.4g}")
-    return value
-
-
-def _pretty(value, depth: int = 0) -> str:
-    """JSON with objects one key a line and lists of plain values on one line."""
-    pad = "  " * (depth + 1)
-    if isinstance(value, dict) and value:
-        items = [f"{pad}{json.dumps(str(k))}: {_pretty(v, depth + 1)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + "  " * depth + "}"
-    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        return "[\n" + ",\n".join(pad + _pretty(v, depth + 1) for v in value) + "\n" + "  " * depth + "]"
-    return json.dumps(value, default=str)
-
-
-def _evidence(details: dict) -> str:
-    text = _pretty(_compact(details))
-    return text if len(text) < 2000 else text[:2000] + "\n..."
 
 
 # OverallSystemUsage's categories: how the table names each, and its values' unit
@@ -122,26 +94,44 @@ def status_of(report: dict) -> dict:
             "StatusDetails": f"Insufficient data: {lacking}" if lacking else ""}
 
 
+def _parameters(text) -> list[tuple[str, str]]:
+    """``RuleParameters`` (``name:value`` lines, or a mapping) as pairs."""
+    if isinstance(text, dict):
+        return [(str(k), str(v)) for k, v in text.items()]
+    pairs = [line.partition(":") for line in str(text or "").splitlines() if line.strip()]
+    return [(k.strip(), v.strip()) for k, _, v in pairs]
+
+
 def _rules(reports: dict[str, dict], statuses: dict[str, dict]):
+    """The rules table's rows (issues first) and each triggered rule's finding with its
+    evidence as tables. A rule without the data to judge keeps the service's status
+    (NoIssuesFound) but is marked apart from a clean pass: ``lacking`` says what it missed."""
     rows, findings = [], []
     for name, report in reports.items():
         cls = _CLASSES.get(name)
         status = statuses.get(name, {})
+        details = report.get("Details") or {}
         row = {"name": name, "status": status.get("RuleEvaluationStatus", ""),
                "details": status.get("StatusDetails", ""),
                "description": getattr(cls, "description", ""),
                "recommendation": getattr(cls, "recommendation", ""),
                "triggered": report.get("RuleTriggered", 0), "datapoints": report.get("Datapoints", 0),
-               "parameters": report.get("RuleParameters", "")}
+               "parameters": _parameters(report.get("RuleParameters", "")),
+               "lacking": "" if report.get("RuleTriggered") else details.get("InsufficientData", "")}
         rows.append(row)
         if row["triggered"]:
-            details = {k: v for k, v in report.get("Details", {}).items() if k != "InsufficientData"}
-            findings.append({**row, "evidence": _evidence(details)})
-    rows.sort(key=lambda r: (-r["triggered"], r["name"]))
+            shown, more = evidence.tables(details)
+            findings.append({**row, "finding": report.get("Finding", ""), "evidence": shown,
+                             "more": more})
+    rows.sort(key=lambda r: (-r["triggered"], bool(r["lacking"]), r["name"]))
+    findings.sort(key=lambda f: (-f["triggered"], f["name"]))
     return rows, findings
 
 
-def _plots(store: Store, reports: dict[str, dict]) -> list[tuple[str, str]]:
+Series = Mapping[str, Sequence[tuple[float, float]]]  # metric -> (epoch seconds, value)
+
+
+def _plots(store: Store, reports: dict[str, dict], metrics: Series) -> list[tuple[str, str]]:
     from shoal.profiler.report import plots
 
     outliers = set()
@@ -150,7 +140,9 @@ def _plots(store: Store, reports: dict[str, dict]) -> list[tuple[str, str]]:
             for phase in phases.values():
                 if isinstance(phase, dict):
                     outliers |= set(phase.get("step_numbers", []))
-    made = [("Utilization per host, core and GPU", plots.utilization(store)),
+    made = [("Training metrics (the job's metric definitions)",
+             plots.training_metrics(metrics, _t0(store, metrics))),
+            ("Utilization per host, core and GPU", plots.utilization(store)),
             ("Step durations and outliers", plots.step_durations(store, outliers)),
             ("Load across ranks", plots.load_across_ranks(store)),
             ("Compute and collectives", plots.compute_and_collectives(store)),
@@ -158,9 +150,26 @@ def _plots(store: Store, reports: dict[str, dict]) -> list[tuple[str, str]]:
     return [(title, svg) for title, svg in made if svg]
 
 
-def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict] | None = None) -> str:
-    """The page for a job: its profiler data and the rule reports under ``rule_dirs``
-    (``<rule-output>/<name>/profiler-output``)."""
+def _t0(store: Store, metrics: Series) -> float:
+    """Where the plots' time axes start: the profiler's first record, else the first metric."""
+    span = store.span()
+    if span is not None:
+        return span[0]
+    return min((t for points in metrics.values() for t, _ in points), default=0.0)
+
+
+def _counts(rows: list[dict]) -> dict[str, int]:
+    """How the rules came out, as the page's first line on them says it."""
+    return {"issues": sum(1 for r in rows if r["status"] == "IssuesFound"),
+            "passed": sum(1 for r in rows if r["status"] == "NoIssuesFound" and not r["lacking"]),
+            "lacking": sum(1 for r in rows if r["status"] == "NoIssuesFound" and r["lacking"]),
+            "other": sum(1 for r in rows if r["status"] not in ("IssuesFound", "NoIssuesFound"))}
+
+
+def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict] | None = None,
+           metrics: Series | None = None) -> str:
+    """The page for a job: its profiler data, the rule reports under ``rule_dirs``
+    (``<rule-output>/<name>/profiler-output``) and its training metrics, if given."""
     store = Store(Path(data_dir))
     store.load()
     reports: dict[str, dict] = {}
@@ -184,7 +193,7 @@ def render(job: str, data_dir: Path, rule_dirs: list[Path], statuses: list[dict]
     return env.get_template("template.html.j2").render(
         job=job, generated=_when(datetime.datetime.now(datetime.timezone.utc).timestamp()),
         summary=_summary(store), rules=rows, findings=findings, usage=usage, phases=phases,
-        plots=_plots(store, reports))
+        counts=_counts(rows), plots=_plots(store, reports, metrics or {}))
 
 
 def job_folders(job_dir: Path) -> tuple[Path, list[Path]]:
@@ -197,8 +206,8 @@ def job_folders(job_dir: Path) -> tuple[Path, list[Path]]:
 
 
 def write(path: Path, job: str, data_dir: Path, rule_dirs: list[Path],
-          statuses: list[dict] | None = None) -> Path:
+          statuses: list[dict] | None = None, metrics: Series | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(job, data_dir, rule_dirs, statuses), encoding="utf-8")
+    path.write_text(render(job, data_dir, rule_dirs, statuses, metrics), encoding="utf-8")
     return path

@@ -157,3 +157,18 @@ def data_loading(store: Store) -> str | None:
     ax.set_ylabel("batches")
     ax.set_title("Data loading")
     return _svg(fig)
+
+
+def training_metrics(series, t0: float) -> str | None:
+    """Each of the job's metrics (its MetricDefinitions' values) over time, a panel each."""
+    series = {name: sorted(points) for name, points in series.items() if points}
+    if not series:
+        return None
+    fig, axes = plt.subplots(len(series), 1, figsize=(10, 2.4 * len(series)), squeeze=False,
+                             layout="constrained")
+    for i, (ax, (name, points)) in enumerate(zip(axes[:, 0], series.items())):
+        ax.plot([t - t0 for t, _ in points], [v for _, v in points], marker=".", lw=1,
+                color=COLORS[i % 10])
+        ax.set_title(name)
+    axes[-1, 0].set_xlabel("seconds since the job's first record")
+    return _svg(fig)

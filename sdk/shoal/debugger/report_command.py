@@ -75,6 +75,7 @@ def report(handle, out, open_it):
     """Write a job's profiler report (local://JOB or a local job's name,
     sagemaker://REGION/JOB, or a job folder)."""
     from shoal.handles import resolve_handle
+    from shoal.local import metrics
     from shoal.profiler import report as page
 
     with tempfile.TemporaryDirectory(prefix="shoal-report-") as tmp:
@@ -90,7 +91,8 @@ def report(handle, out, open_it):
                                   "profiler disabled?)")
         job = job_dir.name
         target = out or Path(f"{job}-profiler-report.html")
-        page.write(target, job, data, rule_dirs)  # each rule's status from its own report
+        # each rule's status from its own report; a local job's metrics join the plots
+        page.write(target, job, data, rule_dirs, metrics=metrics.timeline(job_dir))
     click.echo(str(target.resolve()))
     if open_it:
         webbrowser.open(target.resolve().as_uri())

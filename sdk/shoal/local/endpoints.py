@@ -21,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -36,6 +37,9 @@ ENDPOINT_LOG_GROUP = "/aws/sagemaker/Endpoints/"
 INSTANCE_ID = "local"  # the stream is <variant>/<instance id>, as SageMaker names it
 MAX_BODY = 6 * 1024 * 1024  # InvokeEndpoint's request and response limit
 INVOKE_TIMEOUT = 60.0  # the runtime's wait for the container
+# how long InvokeEndpoint trusts an in-service endpoint's record (unchanged on disk) before it
+# checks the model server's process again: the hot path reads no file and asks no process
+LIVENESS_SECONDS = 1.0
 TIMED_OUT = ("Your invocation timed out while waiting for a response from container primary. "
              "Review the latency metrics for each container in Amazon CloudWatch, resolve the "
              "issue, and try again.")
@@ -58,6 +62,7 @@ class LocalEndpoints:
     def __init__(self, root: Path | None = None, region: str = "us-east-1"):
         self.root = Path(root) if root else layout.local_root()
         self.region = region
+        self._serving: dict[str, tuple] = {}  # name -> ((inode, mtime), checked, record)
 
     # -- names and records -------------------------------------------------------------
     def arn(self, kind: str, name: str) -> str:
@@ -227,15 +232,33 @@ class LocalEndpoints:
         return {}
 
     # -- sagemaker-runtime -------------------------------------------------------------
+    def _in_service(self, name: str) -> dict:
+        """The record of an endpoint that serves, or the runtime's error. A record unchanged
+        on disk (its mtime) and checked within LIVENESS_SECONDS is taken as it was: a deleted
+        or updated endpoint changes its file, a dead server is seen within the second."""
+        path = self._file("endpoint", name)
+        try:
+            stat = path.stat()
+            mtime = (stat.st_ino, stat.st_mtime_ns)  # each write renames a new file in
+        except FileNotFoundError:
+            mtime = None
+        cached = self._serving.get(name)
+        now = time.monotonic()
+        if cached and mtime == cached[0] and now - cached[1] < LIVENESS_SECONDS:
+            return cached[2]
+        record = self._status(name, "InvokeEndpoint") if mtime is not None else None
+        if record is None or record["EndpointStatus"] != "InService":
+            self._serving.pop(name, None)
+            raise client_error("InvokeEndpoint", "ValidationError",
+                               f"Endpoint {name} of account {ACCOUNT} not found.")
+        self._serving[name] = (mtime, now, record)
+        return record
+
     def invoke_endpoint(self, EndpointName, Body, ContentType=None, Accept=None,
                         CustomAttributes=None, **_) -> dict:
         import urllib3
 
-        path = self._file("endpoint", EndpointName)
-        record = self._status(EndpointName, "InvokeEndpoint") if path.is_file() else None
-        if record is None or record["EndpointStatus"] != "InService":
-            raise client_error("InvokeEndpoint", "ValidationError",
-                               f"Endpoint {EndpointName} of account {ACCOUNT} not found.")
+        record = self._in_service(EndpointName)
         body = Body.read() if hasattr(Body, "read") else Body
         body = body.encode("utf-8") if isinstance(body, str) else bytes(body)
         if len(body) > MAX_BODY:

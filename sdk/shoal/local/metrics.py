@@ -162,3 +162,9 @@ def by_metric(points) -> dict[str, list[Datapoint]]:
     for point in points:
         series.setdefault(point.metric, []).append(point)
     return series
+
+
+def timeline(job_dir: Path) -> dict[str, list[tuple[float, float]]]:
+    """Each metric's (epoch seconds, value) points, as the profiler report plots them."""
+    return {name: [(p.timestamp / 1000, p.value) for p in points]
+            for name, points in by_metric(read(job_dir)).items()}

@@ -76,7 +76,7 @@ class JobProfiler:
     """Starts with the training, ends after it; ``statuses()`` at any time."""
 
     def __init__(self, request: dict, job_dir: Path, hosts: list[str]):
-        self.request, self.hosts = request, hosts
+        self.request, self.hosts, self.job_dir = request, hosts, Path(job_dir)
         self.data = Path(job_dir) / "profiler-output"
         self.rule_output = Path(job_dir) / "rule-output"
         interval = (request.get("ProfilerConfig") or {}).get("ProfilingIntervalInMilliseconds")
@@ -156,13 +156,16 @@ class JobProfiler:
         """``profiler-report.html`` beside each configuration's rule reports."""
         from shoal.profiler import report
 
+        from . import metrics
+
+        series = metrics.timeline(self.job_dir)
         for c in self.configurations:
             if c.evaluation is None:
                 continue
             try:
                 report.write(c.evaluation.out_dir / report.REPORT_FILE,
                              self.request["TrainingJobName"], self.data, [c.evaluation.out_dir],
-                             c.evaluation.statuses())
+                             c.evaluation.statuses(), series)
             except Exception as error:  # a report that cannot be drawn is not a failed job
                 c.report_error = f"{type(error).__name__}: {error}"
 

@@ -119,3 +119,31 @@ def test_the_invoke_path_rechecks_the_server_each_second_and_sees_deletes_at_onc
     with pytest.raises(ClientError, match="Endpoint ep of account 000000000000 not found"):
         sm.invoke_endpoint(EndpointName="ep", Body=b"[1]")
     assert len(pool.posts) == 52
+
+
+def test_a_container_that_does_not_answer_in_time_is_the_runtimes_time_out(sm, monkeypatch):
+    import psutil
+    import urllib3
+    from shoal.local import endpoints, state
+
+    me = psutil.Process()
+    path = sm._file("endpoint", "slow")
+    path.parent.mkdir(parents=True)
+    state.write(path, {"EndpointName": "slow", "EndpointStatus": "InService", "ShoalPid": me.pid,
+                       "ShoalCreateTime": me.create_time(), "ShoalPort": 1,
+                       "ShoalVariant": "AllTraffic"})
+    seen = {}
+
+    class Stuck:
+        def request(self, method, url, timeout=None, **_):
+            seen["read"] = timeout.read_timeout
+            raise urllib3.exceptions.ReadTimeoutError(None, url, "read timed out")
+
+    monkeypatch.setattr(endpoints, "_http", lambda: Stuck())
+    with pytest.raises(ClientError) as failed:
+        sm.invoke_endpoint(EndpointName="slow", Body=b"[1]")
+    assert seen["read"] == endpoints.INVOKE_TIMEOUT == 60.0  # the runtime's wait
+    response = failed.value.response
+    assert response["Error"]["Code"] == "ModelError"
+    assert response["OriginalMessage"].startswith(
+        "Your invocation timed out while waiting for a response from container primary")

@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make chromium
 STAMP := $(VENV)/.shoal-installed
-PYTEST_ARGS ?=
+# the slowest tests are listed at the end of every run: where CI's time goes
+PYTEST_ARGS ?= --durations=60
 
 .PHONY: all demo test unit integration benchmarks bench-serve torch-suite stress-failures stress-faults lint system venv clean
 

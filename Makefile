@@ -3,12 +3,12 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make chromium
+APT_PACKAGES := openmpi-bin libopenmpi-dev buildah debootstrap iproute2 procps openssh-client openssh-server g++ make chromium slurmctld slurmd slurm-client munge
 STAMP := $(VENV)/.shoal-installed
 # the slowest tests are listed at the end of every run: where CI's time goes
 PYTEST_ARGS ?= --durations=60
 
-.PHONY: all demo test unit integration benchmarks bench-serve torch-suite stress-failures stress-faults lint system venv clean
+.PHONY: all demo test unit integration benchmarks bench-serve slurm-up slurm-down torch-suite stress-failures stress-faults lint system venv clean
 
 all: test
 
@@ -47,6 +47,15 @@ integration: venv
 
 benchmarks: venv
 	$(PY) benchmarks/run_all.py
+
+# A real Slurm cluster on this machine (Debian's Slurm; slurmd per node in namespaces of its
+# own): sbatch/squeue/sacct/scancel here reach it. SLURM_NODES nodes (default 2).
+SLURM_NODES ?= 2
+slurm-up: venv
+	$(PY) -m shoal.slurm.devcluster up --nodes $(SLURM_NODES)
+
+slurm-down: venv
+	$(PY) -m shoal.slurm.devcluster down
 
 # Endpoint latency against the in-process model and TorchServe (installed here for the run;
 # it needs the Java runtime, present on Debian as default-jre-headless).

@@ -4,6 +4,8 @@ estimator built and returns a handle on the job; the estimator never does the I/
 - ``shoal.backends.sagemaker``: submits to the SageMaker API and follows the job.
 - ``shoal.backends.local``: runs the job on this machine (``instance_type="local"`` or
   ``"local_gpu"``), with the same request.
+- ``shoal.backends.slurm``: submits the job to a Slurm cluster (``Session(backend="slurm")``
+  or ``SHOAL_BACKEND=slurm``; the local instance types still run on this machine).
 
 A backend module exposes ``backend(session)``, or a class (``LocalBackend``,
 ``SageMakerBackend``) taking the session as its first argument.
@@ -12,8 +14,10 @@ A backend module exposes ``backend(session)``, or a class (``LocalBackend``,
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Protocol, runtime_checkable
 
+from shoal.errors import ConfigError
 from shoal.frameworks import LOCAL_INSTANCE_TYPES
 
 
@@ -49,17 +53,32 @@ class Backend(Protocol):
         """Start the job the request describes and return its handle."""
 
 
-def backend_name(instance_type: str | None) -> str:
-    """``local`` for the local instance types, ``sagemaker`` otherwise."""
-    return "local" if instance_type in LOCAL_INSTANCE_TYPES else "sagemaker"
+BACKENDS = ("local", "sagemaker", "slurm")
 
 
-_CLASS_NAMES = {"local": "LocalBackend", "sagemaker": "SageMakerBackend"}
+def chosen_backend(session=None, environ=os.environ) -> str | None:
+    """The backend the session or ``SHOAL_BACKEND`` names, if any (checked against BACKENDS)."""
+    name = getattr(session, "backend", None) or environ.get("SHOAL_BACKEND") or None
+    if name is not None and name not in BACKENDS:
+        raise ConfigError(f"'backend' must be one of {', '.join(BACKENDS)} (got {name!r})")
+    return name
+
+
+def backend_name(instance_type: str | None, session=None) -> str:
+    """``local`` for the local instance types; otherwise the chosen backend, else
+    ``sagemaker``."""
+    if instance_type in LOCAL_INSTANCE_TYPES:
+        return "local"
+    return chosen_backend(session) or "sagemaker"
+
+
+_CLASS_NAMES = {"local": "LocalBackend", "sagemaker": "SageMakerBackend",
+                "slurm": "SlurmBackend"}
 
 
 def backend_for(instance_type: str | None, session) -> Backend:
     """The backend that runs jobs of this instance type, bound to ``session``."""
-    name = backend_name(instance_type)
+    name = backend_name(instance_type, session)
     module = importlib.import_module(f"shoal.backends.{name}")
     factory = getattr(module, "backend", None) or getattr(module, _CLASS_NAMES[name])
     return factory(session)

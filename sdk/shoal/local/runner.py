@@ -44,6 +44,8 @@ class Supervisor:
         # read-modify-write of the record holds this, or one of them loses the other's change.
         self.record_lock = threading.Lock()
         self.network = network_mode(os.environ)
+        # the batch script of a Slurm job runs this supervisor on the allocation's first node
+        self.on_slurm = os.environ.get("SHOAL_BACKEND") == "slurm"
         self.training = False
         self.profiler = None
         config = self.request.get("ProfilerConfig") or {}
@@ -65,7 +67,8 @@ class Supervisor:
     # -- phases ----------------------------------------------------------------------------
     def prepare(self) -> None:
         code = local_code(self.request)
-        interface = "eth0" if self.network == "namespaces" else layout.LOCAL_NETWORK_INTERFACE
+        interface = ("eth0" if self.network == "namespaces" or self.on_slurm
+                     else layout.LOCAL_NETWORK_INTERFACE)
         for host in self.hosts:
             config = self.paths.config_dir(host)
             config.mkdir(parents=True, exist_ok=True)
@@ -118,7 +121,8 @@ class Supervisor:
         say(f"running {len(self.hosts)} host(s) with {sys.executable} "
             f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
             f"locally)")
-        in_image = self.network == "namespaces" and os.environ.get("SHOAL_LOCAL_IMAGE")
+        in_image = (self.network == "namespaces" and not self.on_slurm
+                    and os.environ.get("SHOAL_LOCAL_IMAGE"))
         note = None if in_image else framework.framework_note(self.request)
         if note:
             say(note)
@@ -135,7 +139,11 @@ class Supervisor:
             host_line(host, line)
 
         run = simulate.run_job
-        if self.network == "namespaces":
+        if self.on_slurm:
+            from shoal.slurm import hosts as slurm_hosts
+
+            run = functools.partial(slurm_hosts.run_job, say=say)
+        elif self.network == "namespaces":
             from .network import hosts as namespaced
             from .network.links import LinkSpec
 

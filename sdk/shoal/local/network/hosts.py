@@ -69,12 +69,16 @@ def ssh_agent(keys: Path) -> str:
             "-o BatchMode=yes -o LogLevel=ERROR")
 
 
-def host_script(host: str, host_tree: Path, keys: Path, python: str) -> str:
-    """What runs in a host's namespaces: its hostname, its /opt/ml, its sshd, then train."""
+def host_script(host: str, host_tree: Path, keys: Path, python: str,
+                hosts_file: Path | None = None) -> str:
+    """What runs in a host's namespaces: its hostname, its /opt/ml (and, on a cluster's node,
+    the job's hosts file naming every algo-N), its sshd, then train."""
+    mounts = [f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"] if hosts_file else []
     return "; ".join([
         "set -e",
         f"hostname {shlex.quote(host)}",
         f"mount --bind {shlex.quote(str(host_tree))} {MOUNT_POINT}",
+        *mounts,
         "mkdir -p /run/sshd",
         f"/usr/sbin/sshd -f {shlex.quote(str(keys / 'sshd_config'))}",
         f"exec {shlex.quote(python)} -m shoal.launcher.entrypoint",

@@ -1,0 +1,111 @@
+"""Running a job's hosts on the nodes of its Slurm allocation (the supervisor's side).
+
+The supervisor runs in the batch script on the allocation's first node. Its hosts ``algo-1..N``
+are the allocation's nodes in Slurm's order (``SLURM_JOB_NODELIST``): it writes the job's hosts
+file (each ``algo-N`` at its node's address) and SSH keys to the job's directory on the shared
+filesystem, then starts every node's part (``shoal.slurm.node``) with one ``srun``: ranks start
+through Slurm, never through an SSH of ours from outside the allocation. Each output line
+comes back labelled with its task, which is its host.
+
+As on SageMaker, a host that ends lets the others finish for ``grace`` seconds (``srun
+--wait``) before Slurm ends them; the supervisor's time-out and stop end the step with SIGTERM
+(srun passes it to every task), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from shoal.local.network.hosts import host_environment, make_keys
+
+from . import commands
+
+TIMED_OUT = 124  # as simulate.run_job: MaxRuntimeInSeconds ran out
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+
+
+def hosts_file(hosts: Sequence[str], addresses: Sequence[str]) -> str:
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    return "\n".join(lines + [f"{a}\t{h}" for h, a in zip(hosts, addresses)]) + "\n"
+
+
+def allocation(environ: Mapping[str, str], hosts: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(host, node, address) for each host, in order."""
+    nodes = commands.hostnames(environ["SLURM_JOB_NODELIST"])
+    if len(nodes) != len(hosts):
+        raise commands.SlurmError(f"the allocation has {len(nodes)} node(s) ({', '.join(nodes)}) "
+                                  f"for {len(hosts)} host(s)")
+    return [(h, n, socket.gethostbyname(n)) for h, n in zip(hosts, nodes)]
+
+
+def srun_argv(count: int, root: Path, python: str, grace: float) -> list[str]:
+    return ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0", f"--wait={max(1, int(grace))}", "--label",
+            "--job-name=shoal-hosts", python, "-u", "-m", "shoal.slurm.node", str(root)]
+
+
+def _relay(pipe, hosts: Sequence[str], output) -> threading.Thread:
+    def run():
+        with pipe:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                match = _LABEL.match(line)
+                if match and int(match.group(1)) < len(hosts):
+                    output(hosts[int(match.group(1))], match.group(2))
+                else:  # srun's own messages
+                    output(hosts[0], line)
+
+    thread = threading.Thread(target=run, daemon=True, name="shoal-srun-relay")
+    thread.start()
+    return thread
+
+
+def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, output=None, python: str = sys.executable,
+            grace: float = 15.0, say=None) -> int:
+    """Every host's launcher on its node; the job's exit code (124: the time-out ran out)."""
+    environ = dict(os.environ if env is None else env)
+    root = Path(job_root).resolve()
+    placed = allocation(environ, hosts)
+    (root / "hosts").write_text(hosts_file(hosts, [a for _, _, a in placed]))
+    keys = make_keys(root)
+    if say:
+        say("hosts on the Slurm allocation: " + ", ".join(f"{h} {n} {a}" for h, n, a in placed))
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
+    proc = subprocess.Popen(srun_argv(len(hosts), root, python, grace),
+                            env=host_environment(environ, keys), **pipes)
+    relay = _relay(proc.stdout, list(hosts), output) if output else None
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while proc.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return TIMED_OUT
+            time.sleep(0.1)
+        return proc.returncode
+    finally:
+        _end(proc, grace)
+        if relay is not None:
+            relay.join(timeout=5)
+        shutil.rmtree(keys, ignore_errors=True)  # the job's keys live as long as the job
+
+
+def _end(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to srun (it signals every task), SIGKILL after ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

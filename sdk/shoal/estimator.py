@@ -21,7 +21,7 @@ import attrs
 
 from shoal import image_uris, limits, naming, secrets
 from shoal import request as request_
-from shoal.backends import backend_for
+from shoal.backends import backend_for, chosen_backend
 from shoal.debugger.rules import DETAILED_PROFILER_RULE, local_source
 from shoal.errors import ValidationError
 from shoal.planning import advisor
@@ -114,10 +114,12 @@ class EstimatorBase:
         object.__setattr__(self, "advice", None if advice is None else advisor.mode(advice))
         session = params.pop("sagemaker_session")
         object.__setattr__(self, "_hyperparameters", dict(params.pop("hyperparameters") or {}))
+        params["backend"] = "slurm" if chosen_backend(session) == "slurm" else None
         object.__setattr__(self, "config", TrainingConfig(**params))
         # refuse secrets now, before any call; build_request checks the final values again
         secrets.check_no_secrets(self._hyperparameters, self.config.environment, allow_secrets)
-        self.sagemaker_session = session or Session(local_mode=self.config.local_mode)
+        self.sagemaker_session = session or Session(local_mode=self.config.files_in_place,
+                                                    backend=self.config.backend)
         self.latest_training_job = None
         self._current_job_name = None
         self._resolved: Resolved | None = None
@@ -193,6 +195,8 @@ class EstimatorBase:
         return self.config.instance_groups[0].instance_type
 
     def _default_output_path(self) -> str:
+        if self.config.backend == "slurm" and not self.local_mode:
+            return (self.sagemaker_session.slurm_settings().shared_dir / "output").as_uri() + "/"
         if self.local_mode:
             return "file://" + os.path.abspath("shoal-output")
         session = self.sagemaker_session
@@ -201,7 +205,7 @@ class EstimatorBase:
 
     def _role_arn(self) -> str:
         role = self.config.role
-        if self.local_mode:
+        if self.config.files_in_place:
             return role
         arn = self.sagemaker_session.expand_role(role)
         limits.text(limits.ROLE_ARN_PATTERN, 2048)(None, "role", arn)
@@ -214,7 +218,7 @@ class EstimatorBase:
         script = c.entry_point if c.source_dir else os.path.basename(c.entry_point or "")
         if c.source_dir and c.source_dir.lower().startswith("s3://"):
             return CodePlan(c.source_dir, c.entry_point)
-        if self.local_mode:
+        if c.files_in_place:
             source = c.source_dir or os.path.dirname(os.path.abspath(c.entry_point))
             return CodePlan("file://" + os.path.abspath(source), script)
         archive = naming.source_archive_uri(job_name, code_location=c.code_location,
@@ -249,7 +253,7 @@ class EstimatorBase:
         """Custom rules' local sources, each given its S3 place (uploaded by fit())."""
         from shoal.debugger.request import rule_source_uris
 
-        if self.local_mode or not any(local_source(r) for r in self.config.rules or ()):
+        if self.config.files_in_place or not any(local_source(r) for r in self.config.rules or ()):
             return {}
         session = self.sagemaker_session
         bucket = naming.s3_join(f"s3://{session.default_bucket()}",
@@ -430,6 +434,11 @@ class Framework(EstimatorBase):
 
     def training_image_uri(self) -> str:
         session = self.sagemaker_session
+        if self.config.backend == "slurm" and not self.image_uri:
+            # no registry: Shoal's image as built on the cluster (its nodes run Shoal's venv)
+            gpu = image_uris.processor_for(self._instance_type_for_image()) == "gpu"
+            return image_uris.local_image_name(self._framework_name, self.framework_version,
+                                               self.py_version, "local_gpu" if gpu else "local")
         return image_uris.training_image_uri(
             self._framework_name, self.framework_version, self.py_version,
             self._instance_type_for_image(), image_uri=self.image_uri,

@@ -174,6 +174,10 @@ class TrainingConfig:
     code_location: str | None = attrs.field(default=None, validator=s3_uri())
     container_log_level: int = attrs.field(default=20, validator=between())
     allow_secrets: bool = attrs.field(default=False, validator=boolean)
+    # where the job runs when not on a local instance type: None (SageMaker) or "slurm", set
+    # by the estimator from its session or SHOAL_BACKEND; not part of the request
+    backend: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(("sagemaker", "slurm"))))
 
     def __attrs_post_init__(self):
         for rule in CONFIG_RULES:
@@ -182,6 +186,12 @@ class TrainingConfig:
     @property
     def local_mode(self) -> bool:
         return self.instance_type in LOCAL_INSTANCE_TYPES
+
+    @property
+    def files_in_place(self) -> bool:
+        """file:// data, output and code used where they are, no AWS needed: on this machine
+        and on a Slurm cluster (whose nodes share a filesystem)."""
+        return self.local_mode or self.backend == "slurm"
 
     def evolve(self, **changes) -> TrainingConfig:
         """A copy with some arguments changed, validated again."""
@@ -230,8 +240,9 @@ def _checkpoint_rule(c: TrainingConfig):
 
 def _local_rule(c: TrainingConfig):
     if not c.local_mode:
-        if c.output_path and c.output_path.startswith("file://"):
-            fail("output_path", "may be a file:// path only in local mode", c.output_path)
+        if c.output_path and c.output_path.startswith("file://") and not c.files_in_place:
+            fail("output_path", "may be a file:// path only in local mode or on Slurm",
+                 c.output_path)
         return
     if c.instance_type == "local_gpu" and (c.instance_count or 1) > 1:
         fail("instance_count", "must be 1 with local_gpu", c.instance_count)
@@ -361,8 +372,8 @@ def check_inputs(c: TrainingConfig, parsed: dict, input_mode: str) -> None:
             if input_mode == "Pipe":
                 fail(where, f"is an {kind} file system, which cannot be read in Pipe mode "
                      "(use File or FastFile)", value.file_system_id, InputError)
-        if isinstance(value, inputs_.FileInput) and not c.local_mode:
-            fail(where, "may be a file:// URI only in local mode (use an S3 URI)",
+        if isinstance(value, inputs_.FileInput) and not c.files_in_place:
+            fail(where, "may be a file:// URI only in local mode or on Slurm (use an S3 URI)",
                  value.file_uri, InputError)
         if isinstance(value, inputs_.TrainingInput) and value.instance_groups:
             unknown = sorted(set(value.instance_groups) - groups)

@@ -45,14 +45,23 @@ class Session:
     passed in (``sagemaker_client=``, ``s3_client=``, ``sts_client=``, ``iam_client=``),
     otherwise it is made from ``boto_session`` with :func:`retry_config`. ``default_bucket``
     overrides the ``sagemaker-{region}-{account}`` bucket. ``local_mode=True`` (what
-    ``instance_type="local"`` uses) works without any AWS configuration.
+    ``instance_type="local"`` uses) works without any AWS configuration. ``backend="slurm"``
+    (or ``SHOAL_BACKEND=slurm``) sends jobs of non-local instance types to a Slurm cluster,
+    configured by ``slurm=`` (``shoal.slurm.settings.SlurmSettings`` or a mapping).
     """
 
     def __init__(self, boto_session: boto3.Session | None = None, sagemaker_client=None,
                  s3_client=None, sts_client=None, iam_client=None,
                  default_bucket: str | None = None, default_bucket_prefix: str | None = None,
-                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, local_mode: bool = False):
+                 max_attempts: int = DEFAULT_MAX_ATTEMPTS, local_mode: bool = False,
+                 backend: str | None = None, slurm=None):
+        from shoal.backends import chosen_backend
+
+        self.backend = chosen_backend(None, {"SHOAL_BACKEND": backend} if backend else os.environ)
+        # a Slurm cluster needs no AWS either (its data and output are on its filesystem)
+        local_mode = local_mode or self.backend == "slurm"
         self.local_mode = local_mode
+        self._slurm = slurm
         self.boto_session = boto_session or boto3.Session(
             region_name=LOCAL_REGION if local_mode and not _configured_region() else None)
         if not self.boto_session.region_name:
@@ -65,6 +74,16 @@ class Session:
         self._default_bucket = default_bucket
         self.default_bucket_prefix = default_bucket_prefix
         self._account: str | None = None
+
+    def slurm_settings(self):
+        """The Slurm cluster's settings (``slurm=``: SlurmSettings or the config file's
+        mapping; else from the environment)."""
+        from shoal.slurm.settings import SlurmSettings
+
+        if not isinstance(self._slurm, SlurmSettings):
+            self._slurm = (SlurmSettings.from_mapping(self._slurm) if self._slurm is not None
+                           else SlurmSettings.from_env())
+        return self._slurm
 
     @property
     def region(self) -> str:

@@ -56,7 +56,7 @@ class TensorFlow(Framework):
             return None
         if self.model_dir:
             return self.model_dir
-        if self.local_mode:
+        if self.config.files_in_place:
             return "/opt/ml/shared/model"
         if mpi:
             return MPI_MODEL_DIR

@@ -58,7 +58,10 @@ BACKENDS = ("local", "sagemaker", "slurm")
 
 def chosen_backend(session=None, environ=os.environ) -> str | None:
     """The backend the session or ``SHOAL_BACKEND`` names, if any (checked against BACKENDS)."""
-    name = getattr(session, "backend", None) or environ.get("SHOAL_BACKEND") or None
+    name = getattr(session, "backend", None)
+    if not isinstance(name, str):  # a session without one (SDK v2's, a test's double)
+        name = None
+    name = name or environ.get("SHOAL_BACKEND") or None
     if name is not None and name not in BACKENDS:
         raise ConfigError(f"'backend' must be one of {', '.join(BACKENDS)} (got {name!r})")
     return name

@@ -34,8 +34,9 @@ class SlurmBackend:
 
     def __init__(self, sagemaker_session=None, settings: SlurmSettings | None = None,
                  region: str = "local"):
-        self.settings = (settings or getattr(sagemaker_session, "slurm", None)
-                         or SlurmSettings.from_env())
+        if settings is None and hasattr(sagemaker_session, "slurm_settings"):
+            settings = sagemaker_session.slurm_settings()
+        self.settings = settings or SlurmSettings.from_env()
         self.region = region
 
     def submit(self, request: dict) -> SlurmTrainingJob:

@@ -5,7 +5,8 @@ The node is host ``algo-<SLURM_NODEID + 1>``. As a namespaced local host does, i
 and UTS namespaces of its own, where its hostname is that name, its tree on the shared
 directory is mounted at ``/opt/ml`` and the job's hosts file (every ``algo-N`` and its node's
 address) is its ``/etc/hosts``; it starts its sshd with the job's keys, then ``train``, which
-takes the cluster path: the master waits for its workers and runs mpirun over SSH.
+takes the cluster path: the master waits for its workers and runs mpirun over SSH. It runs in
+a PID namespace of its own, so that nothing it started outlives it.
 
 Slurm's variables are kept from the launcher (their values move to ``SHOAL_SLURM_JOB_ID`` and
 ``SHOAL_SLURM_NODE``): Open MPI inside a job step would otherwise start its daemons through
@@ -48,7 +49,11 @@ def main(argv=None) -> int:
         return 1
     host = host_of(os.environ)
     script = host_script(host, root / host, root / "ssh", sys.executable, root / "hosts")
-    argv = ["unshare", "--mount", "--uts", "--propagation", "private", "/bin/sh", "-c", script]
+    # a PID namespace too: Slurm tracks a step's processes by parentage, and the daemonized
+    # sshd (and what mpirun starts through it) would escape the step and outlive the job;
+    # when the launcher, the namespace's first process, exits, the kernel ends them all
+    argv = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
+            "private", "/bin/sh", "-c", script]
     os.execvpe(argv[0], argv, launcher_environment(os.environ))
     return 1  # not reached
 

@@ -133,7 +133,8 @@ class FileSystemInput:
 
 @attrs.frozen
 class FileInput:
-    """A ``file://`` directory on this machine: local mode only."""
+    """A ``file://`` directory on this machine (local mode) or on a Slurm cluster's shared
+    filesystem."""
 
     file_uri: str = attrs.field(validator=_text())
     content_type: str | None = None

@@ -25,7 +25,7 @@ from ..slurm import batch, commands, states
 from ..slurm.settings import SlurmSettings
 from . import local
 
-SLURM_FILE = "slurm.json"  # the Slurm job's id, and whether Shoal asked it to stop
+SLURM_FILE = states.RECORD_FILE  # the Slurm job's id, and whether Shoal asked it to stop
 QUERY_SECONDS = 2.0  # how often describe() asks Slurm at most (logs() polls ten times a second)
 
 
@@ -121,7 +121,14 @@ class SlurmTrainingJob(local.LocalTrainingJob):
         return False  # Slurm says so instead (describe)
 
     def _reap(self, timeout: float = 30.0) -> None:
-        pass  # the supervisor is not a process of this machine
+        """After the supervisor's last record, until Slurm has ended the job too (its batch
+        script exits right after): wait() returns with nothing of the job left running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.slurm_job(fresh=True)
+            if job is None or job.ended:
+                return
+            time.sleep(0.2)
 
     def runner(self):
         return None

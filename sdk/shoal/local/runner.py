@@ -46,6 +46,7 @@ class Supervisor:
         self.network = network_mode(os.environ)
         # the batch script of a Slurm job runs this supervisor on the allocation's first node
         self.on_slurm = os.environ.get("SHOAL_BACKEND") == "slurm"
+        self.hosts_done = False  # the hosts' launchers have all ended
         self.training = False
         self.profiler = None
         config = self.request.get("ProfilerConfig") or {}
@@ -219,6 +220,7 @@ class Supervisor:
             self.move("Training")
             self.training = True
             code = self.train()
+            self.hosts_done = True
             if code == TIMEOUT_EXIT:
                 # SageMaker ends it as it stops a job (SIGTERM first) and keeps what it saved
                 self.move("MaxRuntimeExceeded", **self.upload())
@@ -235,7 +237,7 @@ class Supervisor:
             # as SageMaker does for a stopped job: what the script saved before the stop
             # (checkpoints, the model directory) is kept, so that a restart can resume
             artifacts = self.upload() if self.training else {}
-            self.move("Stopped", **artifacts)
+            self.move("Stopped", self.stop_message(), **artifacts)
             return 1
         except Exception as error:  # the record must end in a terminal state whatever happened
             self.move("Failed", FailureReason=f"ClientError: {error}"[:FAILURE_LIMIT])
@@ -243,9 +245,22 @@ class Supervisor:
         finally:
             end_descendants()
 
+    def stop_message(self) -> str | None:
+        """Who stopped the job, where it is not StopTrainingJob (the default message)."""
+        if not self.on_slurm:
+            return None
+        from shoal.slurm.states import stop_message
+
+        return stop_message(self.paths.job_dir)
+
     def on_signal(self, signum, frame) -> None:
         """Stop: unwind the current phase; ``simulate.run_job`` ends its hosts as it unwinds."""
         if self.stopping.is_set():
+            return
+        if self.on_slurm and self.hosts_done:
+            # Slurm ends a job whose node failed, or that ran past its limit, with SIGTERM:
+            # once the hosts have ended there is nothing to stop, and the outcome and its
+            # upload (within Slurm's KillWait) are what the job keeps
             return
         self.stopping.set()
         self.move("Stopping")

@@ -86,17 +86,46 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
                             env=host_environment(environ, keys), **pipes)
     relay = _relay(proc.stdout, list(hosts), output) if output else None
     try:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while proc.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                return TIMED_OUT
-            time.sleep(0.1)
-        return proc.returncode
+        return _wait(proc, root, hosts, timeout, failure_grace(environ))
     finally:
-        _end(proc, grace)
+        _end(proc, min(grace, 5.0))
         if relay is not None:
             relay.join(timeout=5)
         shutil.rmtree(keys, ignore_errors=True)  # the job's keys live as long as the job
+
+
+def failure_grace(environ: Mapping[str, str]) -> float:
+    return float(environ.get("SHOAL_FAILURE_GRACE") or 5)
+
+
+def _failed(root: Path, hosts: Sequence[str]) -> bool:
+    """A host's launcher wrote its failure file: the job's outcome is known."""
+    for host in hosts:
+        path = root / host / "output" / "failure"
+        try:
+            if path.stat().st_size > 0:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _wait(proc, root: Path, hosts: Sequence[str], timeout: float | None, grace: float) -> int:
+    """srun's code; 124 at the time-out. Once a host has failed, the others get ``grace``
+    seconds: srun itself waits for a dead node's task until Slurm declares the node down
+    (half a minute and more), and the job's failure is known already."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            return TIMED_OUT
+        if failed_at is None and _failed(root, hosts):
+            failed_at = now
+        if failed_at is not None and now - failed_at > grace:
+            return 1
+        time.sleep(0.1)
+    return proc.returncode
 
 
 def _end(proc: subprocess.Popen, grace: float) -> None:

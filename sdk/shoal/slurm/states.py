@@ -8,7 +8,12 @@ node failed, the time limit or an administrator's ``scancel`` ended it, it ran o
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import attrs
+
+RECORD_FILE = "slurm.json"  # in the job's directory: the Slurm job's id, and Shoal's stop
 
 # Slurm state -> (TrainingJobStatus, SecondaryStatus) while the supervisor has not recorded an
 # end; None: nothing to add to the supervisor's record
@@ -70,3 +75,19 @@ def waiting_message(job: SlurmJob) -> str | None:
         return None
     why = f" ({job.reason})" if job.reason and job.reason != "None" else ""
     return f"Slurm job {job.job_id} is {job.state.lower()}{why}: waiting for nodes"
+
+
+def stopped_by_shoal(job_dir: Path) -> bool:
+    try:
+        return bool(json.loads((Path(job_dir) / RECORD_FILE).read_text()).get("StopRequested"))
+    except (OSError, ValueError):
+        return False
+
+
+def stop_message(job_dir: Path) -> str | None:
+    """The Stopped message of a job that Slurm stopped without Shoal asking (an
+    administrator's scancel, a preemption); None when StopTrainingJob asked."""
+    if stopped_by_shoal(job_dir):
+        return None
+    return ("Training job stopped: Slurm ended it (scancel by someone other than Shoal, or a "
+            "preemption); what the hosts saved is kept")

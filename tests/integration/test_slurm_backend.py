@@ -1,0 +1,214 @@
+"""The Slurm backend on a real Slurm cluster: this machine's (``make slurm-up``: Debian's
+Slurm, two nodes in namespaces of their own). Each test runs an estimator's job through
+sbatch and checks it from inside the ranks and from Slurm's side, and that nothing of the job
+is left on the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+import shoal
+from shoal.errors import JobFailedError, JobStoppedError
+from shoal.slurm import commands, devcluster
+
+pytestmark = [
+    pytest.mark.slurm, pytest.mark.mpi, pytest.mark.torch, pytest.mark.runtime,
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster needs root"),
+    pytest.mark.skipif(shutil.which("slurmd") is None or shutil.which("sbatch") is None,
+                       reason="Debian's Slurm is not installed (make test installs it)"),
+]
+
+ROLE = "arn:aws:iam::111122223333:role/R"
+RANKS = """
+import json, os, socket, sys, time
+import psutil
+import shoal.dataparallel.torch  # noqa: F401 - registers smddp
+import torch, torch.distributed as dist
+dist.init_process_group("smddp")
+rank = dist.get_rank()
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+eth0 = [a.address for a in psutil.net_if_addrs().get("eth0", []) if a.family == socket.AF_INET]
+print("RANK " + json.dumps({
+    "rank": rank, "world": dist.get_world_size(), "host": os.environ["SM_CURRENT_HOST"],
+    "hostname": socket.gethostname(), "node": os.environ.get("SHOAL_SLURM_NODE"),
+    "eth0": eth0, "over_ssh": "SSH_CONNECTION" in os.environ, "sum": total.item(),
+    "slurm_vars": sorted(k for k in os.environ if k.startswith("SLURM_"))}), flush=True)
+print(f"loss={1.0 / (rank + 1):.3f}", flush=True)
+open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.txt"), "w").write("ok")
+mode = os.environ.get("TEST_MODE", "")
+if mode == "fail" and rank == 2:
+    raise RuntimeError("rank 2 could not go on")
+if mode == "sleep":
+    for _ in range(600):
+        time.sleep(1)
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    was_up = devcluster.healthy(devcluster.plan(2))
+    devcluster.up(2, say=lambda *_: None)
+    yield
+    if not was_up:
+        devcluster.down(say=lambda *_: None)
+
+
+@pytest.fixture(autouse=True)
+def no_jobs_left(cluster):
+    """A test that fails midway leaves no job holding the nodes for the next one."""
+    yield
+    subprocess.run(["scancel", "--partition", devcluster.plan(2).partition], capture_output=True)
+    wait_until(lambda: not subprocess.run(["squeue", "-h"], capture_output=True,
+                                          text=True).stdout.strip(), 60, "the queue empties")
+
+
+def estimator(tmp_path, mode: str = "", **kwargs):
+    code = tmp_path / "code"
+    code.mkdir(exist_ok=True)
+    (code / "train.py").write_text(RANKS)
+    session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
+    args = {"entry_point": "train.py", "source_dir": str(code), "role": ROLE,
+            "framework_version": "2.0.1", "py_version": "py310", "instance_type": "ml.m5.xlarge",
+            "instance_count": 2, "sagemaker_session": session,
+            "distribution": {"smdistributed": {"dataparallel": {"enabled": True}},
+                             "mpi": {"enabled": True, "processes_per_host": 2}},
+            "environment": {"TEST_MODE": mode},
+            "metric_definitions": [{"Name": "loss", "Regex": "loss=([0-9.]+)"}], **kwargs}
+    return shoal.PyTorch(**args)
+
+
+def node_processes() -> list[str]:
+    """Every process on the nodes but their slurmd."""
+    found = []
+    for node in devcluster.plan(2).nodes:
+        pids = subprocess.run(["ip", "netns", "pids", node.namespace], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                name = open(f"/proc/{pid}/comm").read().strip()
+            except OSError:
+                continue
+            if name != "slurmd":
+                found.append(f"{node.name}:{pid}:{name}")
+    return found
+
+
+def wait_until(check, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def ranks_of(job) -> list[dict]:
+    if not job.paths.log_file.exists():  # pending: the batch script has not started
+        return []
+    log = job.paths.log_file.read_text()
+    return [json.loads(line.split("RANK ", 1)[1]) for line in log.splitlines() if "RANK {" in line]
+
+
+def test_a_two_node_data_parallel_job_allreduces_across_the_nodes(cluster, tmp_path):
+    est = estimator(tmp_path)
+    est.fit(wait=False)
+    job = est.latest_training_job
+    # Slurm sees the job under its name while it runs; the record says where it is
+    listed = wait_until(lambda: subprocess.run(
+        ["squeue", "-h", "-j", job.slurm_job_id, "-o", "%j %T"], capture_output=True,
+        text=True).stdout.split(), 30, "squeue lists the job")
+    assert listed[0] == job.name
+    assert job.describe()["TrainingJobStatus"] in ("InProgress", "Completed")
+    job.wait(logs=None)
+    ranks = ranks_of(job)
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3], job.paths.log_file.read_text()[-3000:]
+    by_host = {h: [r for r in ranks if r["host"] == h] for h in ("algo-1", "algo-2")}
+    assert {r["node"] for r in by_host["algo-1"]} == {"node1"}
+    assert {r["node"] for r in by_host["algo-2"]} == {"node2"}
+    assert {r["hostname"] for r in ranks} == {"algo-1", "algo-2"}
+    assert {a for r in by_host["algo-1"] for a in r["eth0"]} == {"10.215.0.11"}
+    assert {a for r in by_host["algo-2"] for a in r["eth0"]} == {"10.215.0.12"}
+    assert all(r["over_ssh"] for r in by_host["algo-2"])  # mpirun from algo-1, over SSH
+    assert all(r["sum"] == 10.0 and r["world"] == 4 for r in ranks)  # across the nodes
+    assert all(r["slurm_vars"] == [] for r in ranks)  # kept from Open MPI
+    description = job.describe()
+    assert description["TrainingJobStatus"] == "Completed"
+    assert description["FinalMetricDataList"][0]["MetricName"] == "loss"
+    model = description["ModelArtifacts"]["S3ModelArtifacts"]
+    assert model == f"{(tmp_path / 'shared' / 'output').as_uri()}/{job.name}/output/model.tar.gz"
+    assert commands.show(job.slurm_job_id).state == "COMPLETED"
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_a_failing_rank_fails_the_job_with_its_error(cluster, tmp_path):
+    est = estimator(tmp_path, mode="fail")
+    with pytest.raises(JobFailedError, match="rank 2 could not go on"):
+        est.fit(logs=None)
+    assert "RuntimeError: rank 2 could not go on" in est.latest_training_job.describe()[
+        "FailureReason"]
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_stop_ends_every_rank_on_every_node(cluster, tmp_path):
+    est = estimator(tmp_path, mode="sleep")
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    started = time.monotonic()
+    job.stop(wait=True)
+    description = job.describe()
+    assert description["TrainingJobStatus"] == "Stopped", description.get("FailureReason")
+    assert time.monotonic() - started < 60
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+    with pytest.raises(JobStoppedError):
+        job.wait(logs=None)
+
+
+def test_the_run_time_limit_stops_the_job_as_maxruntimeexceeded(cluster, tmp_path):
+    est = estimator(tmp_path, mode="sleep", max_run=25)
+    with pytest.raises(JobStoppedError):
+        est.fit(logs=None)
+    description = est.latest_training_job.describe()
+    assert description["SecondaryStatus"] == "MaxRuntimeExceeded"
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_a_cancel_by_someone_else_is_stopped_and_says_so(cluster, tmp_path):
+    est = estimator(tmp_path, mode="sleep")
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    subprocess.run(["scancel", job.slurm_job_id], check=True)  # as an administrator would
+    description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] in (
+        "Completed", "Failed", "Stopped") and d, 60, "the job ends")
+    assert description["TrainingJobStatus"] == "Stopped"
+    message = description["SecondaryStatusTransitions"][-1]["StatusMessage"]
+    assert "someone other than Shoal" in message
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_a_node_that_dies_fails_the_job_naming_its_host(cluster, tmp_path):
+    est = estimator(tmp_path, mode="sleep")
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    node2 = devcluster.plan(2).nodes[1].namespace
+    started = time.monotonic()
+    pids = subprocess.run(["ip", "netns", "pids", node2], capture_output=True, text=True).stdout
+    subprocess.run(["kill", "-KILL", *pids.split()])  # the node, slurmd and all, is gone
+    description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] != "InProgress"
+                             and d, 90, "the job ends")
+    assert description["TrainingJobStatus"] == "Failed"
+    assert "algo-2" in description["FailureReason"] or "node2" in description["FailureReason"]
+    assert time.monotonic() - started < 60, description["FailureReason"]
+    devcluster.up(2, say=lambda *_: None)  # node2 back for the tests after this one
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")

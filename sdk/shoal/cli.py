@@ -19,7 +19,7 @@ import click
 
 from . import config as config_mod
 from .errors import ConfigError, ShoalError, exit_code_for
-from .handles import local_handle, resolve_handle, sagemaker_handle
+from .handles import local_handle, resolve_handle, sagemaker_handle, slurm_handle
 from .local.network import NETWORK_MODES
 
 OUTPUT = click.option("--output", "output", type=click.Choice(["text", "json"]), default="text",
@@ -80,6 +80,8 @@ def _hyperparameters(values):
 @click.option("--allow-secrets", is_flag=True,
               help="Send secret-looking hyperparameter and environment values anyway.")
 @click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
+@click.option("--backend", type=click.Choice(["sagemaker", "slurm"]),
+              help="Where a non-local job runs (default: SageMaker, or $SHOAL_BACKEND).")
 @click.option("--network", "local_network", type=click.Choice(NETWORK_MODES),
               help="Local jobs: hosts on loopback, or in network namespaces of their own (root).")
 @click.option("--link", "local_link", metavar="SPEC",
@@ -95,7 +97,8 @@ def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, *
     if local:
         flags["instance_type"] = "local"
     spec = config_mod.resolve(job_file, flags)
-    session = dry_run_session(spec) if dry_run and not spec.is_local else None
+    session = (dry_run_session(spec) if dry_run and not (spec.is_local or spec.on_slurm)
+               else None)
     estimator = config_mod.build_estimator(spec, sagemaker_session=session)
     if dry_run:
         emit_json(dry_run_request(estimator, spec))
@@ -106,8 +109,12 @@ def run(job_file, local, dry_run, detach, hyperparameter, inputs, environment, *
         os.environ.update(config_mod.local_environment(spec))  # the supervisor inherits them
     estimator.fit(spec.inputs, wait=False, job_name=spec.job_name)
     job = estimator.latest_training_job
-    handle = local_handle(job.name) if spec.is_local else \
-        sagemaker_handle(estimator.sagemaker_session.boto_region_name, job.name)
+    if spec.is_local:
+        handle = local_handle(job.name)
+    elif spec.on_slurm:
+        handle = slurm_handle(job.name)
+    else:
+        handle = sagemaker_handle(estimator.sagemaker_session.boto_region_name, job.name)
     click.echo(str(handle))
     sys.stdout.flush()
     if detach:
@@ -170,7 +177,20 @@ def open_job(text: str):
         from .backends.local import LocalTrainingJob
 
         return handle, LocalTrainingJob.attach(handle.job_name)
+    if handle.is_slurm:
+        from .backends.slurm import SlurmTrainingJob
+
+        return handle, SlurmTrainingJob.attach(handle.job_name, slurm_settings().shared_dir)
     return handle, sagemaker_job(handle)
+
+
+def slurm_settings():
+    """The Slurm cluster's settings: the configuration files' ``slurm:`` section, else the
+    environment (SHOAL_SLURM_SHARED_DIR ...)."""
+    from .slurm.settings import SlurmSettings
+
+    spec = config_mod.resolve()
+    return SlurmSettings.from_mapping(spec.slurm) if spec.slurm else SlurmSettings.from_env()
 
 
 def sagemaker_session(region: str):
@@ -240,7 +260,7 @@ def logs(handle, follow):
 def stop(handle, wait):
     """Stop a running job."""
     handle, job = open_job(handle)
-    if handle.is_local:
+    if handle.is_local or handle.is_slurm:
         job.stop(wait=wait)
     else:
         job.stop()
@@ -249,6 +269,8 @@ def stop(handle, wait):
 
 @cli.command(name="list")
 @click.option("--sagemaker", "region", metavar="REGION", help="List SageMaker jobs in REGION.")
+@click.option("--slurm", "on_slurm", is_flag=True,
+              help="List the Slurm cluster's jobs (those under its shared directory).")
 @click.option("--since", metavar="WHEN",
               help="Only jobs created since WHEN: a duration back from now (30m, 1h, 2d, 1w) "
                    "or a date or time (2026-11-01, 2026-11-01T14:00; local time unless it "
@@ -256,11 +278,17 @@ def stop(handle, wait):
 @click.option("--limit", "-n", "--max-results", "limit", type=click.IntRange(min=1), default=20,
               metavar="N", show_default=True, help="At most N jobs, the newest.")
 @OUTPUT
-def list_jobs(region, since, limit, output):
-    """List local jobs (or SageMaker jobs with --sagemaker REGION), newest first:
-    handle, status, creation time and duration (until now for a running job)."""
+def list_jobs(region, on_slurm, since, limit, output):
+    """List local jobs (SageMaker jobs with --sagemaker REGION, the Slurm cluster's with
+    --slurm), newest first: handle, status, creation time and duration (until now for a
+    running job)."""
     cutoff = since_cutoff(since) if since else None
-    rows = sagemaker_jobs(region, limit, cutoff) if region else local_jobs(cutoff)
+    if region:
+        rows = sagemaker_jobs(region, limit, cutoff)
+    elif on_slurm:
+        rows = local_jobs(cutoff, slurm_settings().shared_dir, slurm_handle)
+    else:
+        rows = local_jobs(cutoff)
     rows = rows[:limit]
     if output == "json":
         emit_json(rows)
@@ -320,16 +348,18 @@ def job_table(rows: list[dict], at) -> list[str]:
             for cells in table]
 
 
-def local_jobs(cutoff=None) -> list[dict]:
+def local_jobs(cutoff=None, root=None, handle=local_handle) -> list[dict]:
+    """The jobs recorded under ``root`` (the local root; a Slurm cluster's shared directory
+    with ``handle=slurm_handle``), newest first."""
     from .local import layout, state
 
     rows = []
-    root = layout.local_root()
+    root = root or layout.local_root()
     for path in root.glob("*/job.json") if root.exists() else []:
         record = state.read(path)
         if cutoff and record["CreationTime"] < cutoff:
             continue
-        rows.append({"Handle": str(local_handle(record["TrainingJobName"])),
+        rows.append({"Handle": str(handle(record["TrainingJobName"])),
                      "TrainingJobStatus": record["TrainingJobStatus"],
                      "CreationTime": record["CreationTime"],
                      **_end_time(record)})

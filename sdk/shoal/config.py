@@ -101,6 +101,11 @@ class JobSpec:
     local_network: str | None = attrs.field(
         default=None, validator=_opt(attrs.validators.in_(NETWORK_MODES)))
     local_link: str | None = _field(str)
+    # where a non-local job runs: SageMaker (the default) or a Slurm cluster, with the
+    # cluster's settings (shoal.slurm.settings.SlurmSettings: shared_dir, partitions, ...)
+    backend: str | None = attrs.field(
+        default=None, validator=_opt(attrs.validators.in_(("sagemaker", "slurm"))))
+    slurm: dict | None = attrs.field(default=None, validator=_opt(_is(dict)))
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -113,6 +118,10 @@ class JobSpec:
     @property
     def is_local(self) -> bool:
         return self.instance_type in LOCAL_INSTANCE_TYPES
+
+    @property
+    def on_slurm(self) -> bool:
+        return not self.is_local and (self.backend or os.environ.get("SHOAL_BACKEND")) == "slurm"
 
 
 def did_you_mean(key: str, known: list[str]) -> str:
@@ -218,7 +227,7 @@ def resolve(job_file=None, flags: Mapping | None = None, cwd=None) -> JobSpec:
 LOCAL_ROLE = "arn:aws:iam::000000000000:role/shoal-local"
 # JobSpec keys that are not estimator arguments.
 NOT_ESTIMATOR_KEYS = ("framework", "inputs", "job_name", "region", "processes_per_host",
-                      "local_network", "local_link")
+                      "local_network", "local_link", "backend", "slurm")
 
 
 def local_environment(spec: JobSpec) -> dict[str, str]:
@@ -242,7 +251,7 @@ def estimator_kwargs(spec: JobSpec) -> dict:
         # The launcher's knob on SageMaker and locally alike (default: one per GPU, else 1).
         kwargs["hyperparameters"] = {**(spec.hyperparameters or {}),
                                      PROCESSES_PER_HOST_HP: spec.processes_per_host}
-    if spec.is_local and not spec.role:
+    if (spec.is_local or spec.on_slurm) and not spec.role:
         kwargs["role"] = LOCAL_ROLE  # a local job assumes no role; the API shape needs one
     return kwargs
 
@@ -251,7 +260,12 @@ def build_estimator(spec: JobSpec, sagemaker_session=None):
     """The estimator the job file describes (``framework`` picks the class)."""
     import shoal
 
-    if sagemaker_session is None and spec.region:
+    if sagemaker_session is None and spec.on_slurm:
+        from shoal.slurm.settings import SlurmSettings
+
+        settings = SlurmSettings.from_mapping(spec.slurm) if spec.slurm else None
+        sagemaker_session = shoal.Session(backend="slurm", slurm=settings)
+    elif sagemaker_session is None and spec.region:
         import boto3
 
         sagemaker_session = shoal.Session(boto_session=boto3.Session(region_name=spec.region))

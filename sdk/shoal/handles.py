@@ -1,7 +1,8 @@
 """Job handles: one string that names a training job wherever it runs.
 
 ``sagemaker://<region>/<job-name>`` names a SageMaker training job, ``local://<job-name>`` a
-job run by Shoal's local mode on this machine. The CLI prints a handle when it starts a job
+job run by Shoal's local mode on this machine, ``slurm://<job-name>`` one run on the Slurm
+cluster (its record under the cluster's shared directory). The CLI prints a handle when it starts a job
 and its read verbs (``status``, ``logs``, ``stop``) take one back, or the bare name of a local
 job (:func:`resolve_handle`).
 """
@@ -17,7 +18,7 @@ from .errors import ConfigError
 # TrainingJobName's pattern and length in the SageMaker service model.
 JOB_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 REGION_PATTERN = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$")
-SCHEMES = ("sagemaker", "local")
+SCHEMES = ("sagemaker", "local", "slurm")
 
 
 def _check_job_name(instance, attribute, value):
@@ -31,8 +32,8 @@ def _check_job_name(instance, attribute, value):
 def _check_region(instance, attribute, value):
     if instance.scheme == "sagemaker" and not REGION_PATTERN.match(value or ""):
         raise ConfigError(f"'region' must be an AWS region such as us-west-2 (got {value!r})")
-    if instance.scheme == "local" and value:
-        raise ConfigError(f"a local:// handle has no region (got {value!r})")
+    if instance.scheme in ("local", "slurm") and value:
+        raise ConfigError(f"a {instance.scheme}:// handle has no region (got {value!r})")
 
 
 @attrs.frozen
@@ -47,14 +48,22 @@ class JobHandle:
     def is_local(self) -> bool:
         return self.scheme == "local"
 
+    @property
+    def is_slurm(self) -> bool:
+        return self.scheme == "slurm"
+
     def __str__(self) -> str:
-        if self.is_local:
-            return f"local://{self.job_name}"
+        if self.region is None:
+            return f"{self.scheme}://{self.job_name}"
         return f"sagemaker://{self.region}/{self.job_name}"
 
 
 def local_handle(job_name: str) -> JobHandle:
     return JobHandle("local", job_name)
+
+
+def slurm_handle(job_name: str) -> JobHandle:
+    return JobHandle("slurm", job_name)
 
 
 def sagemaker_handle(region: str, job_name: str) -> JobHandle:
@@ -76,6 +85,8 @@ def parse_handle(text: str, default_region: str | None = None) -> JobHandle:
         )
     if scheme == "local":
         return local_handle(rest)
+    if scheme == "slurm":
+        return slurm_handle(rest)
     if scheme == "sagemaker":
         region, slash, name = rest.partition("/")
         if not slash or not name:

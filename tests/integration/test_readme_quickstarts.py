@@ -91,3 +91,31 @@ def test_the_deploy_quick_start_trains_serves_predicts_and_deletes(tmp_path):
     assert not list((tmp_path / "jobs" / ".endpoints").glob("*/endpoint.json"))  # deleted
     assert not (tmp_path / "jobs" / ".models").exists() or not list(
         (tmp_path / "jobs" / ".models").glob("*.json"))
+
+
+SLURM_SECTION = '## Running on Slurm (`backend="slurm"`)'
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster needs root")
+@pytest.mark.skipif(shutil.which("slurmd") is None,
+                    reason="Debian's Slurm is not installed (make test installs it)")
+def test_the_slurm_quick_start_runs_a_two_node_job_as_printed(tmp_path):
+    from shoal.slurm import devcluster
+
+    was_up = devcluster.healthy(devcluster.plan(2))
+    shared = Path("/tmp/shoal-slurm")
+    existed = shared.exists()
+    try:
+        done = subprocess.run(["bash", "-e", "-c", shell_block(SLURM_SECTION)], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        printed = done.stdout + done.stderr
+        assert done.returncode == 0, printed[-4000:]
+        assert "[slurm] Training job completed" in printed
+        assert re.search(r"^slurm://shoal-pytorch-training-\S+\s+Completed\s", printed, re.M)
+        assert "hosts on the Slurm allocation: algo-1 node1" in printed
+    finally:
+        if not was_up:
+            devcluster.down(say=lambda *_: None)
+        if not existed:
+            shutil.rmtree(shared, ignore_errors=True)

@@ -152,3 +152,23 @@ def test_allow_secrets_in_a_job_file_reaches_the_estimator(homes, tmp_path):
     assert spec.allow_secrets is True and estimator_kwargs(spec)["allow_secrets"] is True
     assert build_estimator(spec).config.allow_secrets is True
     assert resolve(job, {"allow_secrets": False}, cwd=homes[1]).allow_secrets is False
+
+
+def test_a_job_file_can_send_the_job_to_slurm_with_the_clusters_settings(tmp_path, monkeypatch):
+    from shoal.config import build_estimator, parse_spec
+
+    monkeypatch.delenv("SHOAL_BACKEND", raising=False)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    spec = parse_spec({"entry_point": str(tmp_path / "train.py"), "framework_version": "2.0.1",
+                       "py_version": "py310", "instance_type": "ml.m5.xlarge",
+                       "instance_count": 2, "backend": "slurm",
+                       "slurm": {"shared_dir": str(tmp_path / "shared"),
+                                 "default_partition": "batch"}})
+    assert spec.on_slurm and not spec.is_local
+    est = build_estimator(spec)
+    assert est.config.backend == "slurm"
+    assert est.sagemaker_session.slurm_settings().default_partition == "batch"
+    request = est.build_request(None, job_name="j-2")
+    assert request["OutputDataConfig"]["S3OutputPath"].startswith((tmp_path / "shared").as_uri())
+    with pytest.raises(ConfigError, match="'backend' must be in"):
+        parse_spec({"backend": "slrum"})

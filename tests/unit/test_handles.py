@@ -77,3 +77,13 @@ def test_a_bare_name_is_looked_up_under_the_local_root(tmp_path, monkeypatch):
     assert resolve_handle("here") == local_handle("here")
     with pytest.raises(ConfigError, match="no local job named 'gone'"):
         resolve_handle("gone")
+
+
+def test_slurm_handles_name_a_job_on_the_cluster_and_have_no_region():
+    from shoal.handles import JobHandle, parse_handle, slurm_handle
+
+    handle = parse_handle("slurm://my-job-1")
+    assert handle == slurm_handle("my-job-1") and handle.is_slurm and not handle.is_local
+    assert str(handle) == "slurm://my-job-1"
+    with pytest.raises(ConfigError, match="a slurm:// handle has no region"):
+        JobHandle("slurm", "my-job-1", "us-west-2")

@@ -74,19 +74,26 @@ class SlurmTrainingJob(local.LocalTrainingJob):
     def attach(cls, job_name: str, root: Path | None = None) -> SlurmTrainingJob:
         root = root or SlurmSettings.from_env().shared_dir
         paths = layout.JobPaths.for_job(job_name, root)
-        if not (paths.job_dir / SLURM_FILE).exists():
-            raise ConfigError(f"no Slurm job named {job_name!r} in {root}")
+        if not paths.state_file.exists():
+            raise ConfigError(f"no Slurm job named {job_name!r} in {root} (the cluster's "
+                              "shared directory: SHOAL_SLURM_SHARED_DIR)")
         return cls(job_name, paths)
 
     @property
     def slurm(self) -> dict:
-        return json.loads((self.paths.job_dir / SLURM_FILE).read_text())
+        """The Slurm side's record; empty for a job sbatch refused (its record says why)."""
+        try:
+            return json.loads((self.paths.job_dir / SLURM_FILE).read_text())
+        except FileNotFoundError:
+            return {}
 
     @property
-    def slurm_job_id(self) -> str:
-        return self.slurm["JobId"]
+    def slurm_job_id(self) -> str | None:
+        return self.slurm.get("JobId")
 
     def slurm_job(self, fresh: bool = False) -> states.SlurmJob | None:
+        if self.slurm_job_id is None:
+            return None
         now = time.monotonic()
         if fresh or self._queried is None or now - self._queried[0] > QUERY_SECONDS:
             self._queried = (now, commands.show(self.slurm_job_id))
@@ -110,7 +117,7 @@ class SlurmTrainingJob(local.LocalTrainingJob):
             reason = (f"Slurm job {self.slurm_job_id} is unknown to the cluster (its record "
                       "expired) and its supervisor recorded no end")
         else:
-            status, secondary, reason = states.outcome(job, self.slurm["StopRequested"])
+            status, secondary, reason = states.outcome(job, self.slurm.get("StopRequested", False))
         record = state.transition(record, secondary, reason if status != "Failed" else None)
         if status == "Failed":
             record["FailureReason"] = reason[:1024]
@@ -136,6 +143,8 @@ class SlurmTrainingJob(local.LocalTrainingJob):
     def stop(self, wait: bool = False, timeout: float = 60.0) -> None:
         """SIGTERM to the batch script (the supervisor stops the job and records Stopped); a
         job not running yet is cancelled. With ``wait``, until it ended, then ``scancel``."""
+        if self.slurm_job_id is None:
+            return  # never submitted
         info = {**self.slurm, "StopRequested": True}
         state.write(self.paths.job_dir / SLURM_FILE, info)
         job = self.slurm_job(fresh=True)

@@ -47,6 +47,8 @@ class Supervisor:
         # the batch script of a Slurm job runs this supervisor on the allocation's first node
         self.on_slurm = os.environ.get("SHOAL_BACKEND") == "slurm"
         self.hosts_done = False  # the hosts' launchers have all ended
+        if self.on_slurm:
+            _SPEAKER[0] = "slurm"
         self.training = False
         self.profiler = None
         config = self.request.get("ProfilerConfig") or {}
@@ -119,9 +121,10 @@ class Supervisor:
 
         limit = self.request.get("StoppingCondition", {}).get("MaxRuntimeInSeconds")
         environment = {**os.environ, **(self.request.get("Environment") or {})}
-        say(f"running {len(self.hosts)} host(s) with {sys.executable} "
-            f"(image {self.request['AlgorithmSpecification'].get('TrainingImage')} is not used "
-            f"locally)")
+        image = self.request['AlgorithmSpecification'].get('TrainingImage')
+        where = "on the Slurm allocation " if self.on_slurm else ""
+        say(f"running {len(self.hosts)} host(s) {where}with {sys.executable} (image {image} is "
+            f"not used {'on the nodes' if self.on_slurm else 'locally'})")
         in_image = (self.network == "namespaces" and not self.on_slurm
                     and os.environ.get("SHOAL_LOCAL_IMAGE"))
         note = None if in_image else framework.framework_note(self.request)
@@ -369,8 +372,11 @@ def _print_line(line: str) -> None:
         sys.stdout.flush()
 
 
+_SPEAKER = ["local"]  # how the supervisor's own lines are tagged: [local], or [slurm]
+
+
 def say(message: str) -> None:
-    _print_line(f"[local] {message}")
+    _print_line(f"[{_SPEAKER[0]}] {message}")
 
 
 def host_line(host: str, line: str) -> None:

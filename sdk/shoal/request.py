@@ -149,7 +149,8 @@ class TrainingConfig:
     encrypt_inter_container_traffic: bool = attrs.field(default=False, validator=boolean)
     use_spot_instances: bool = attrs.field(default=False, validator=boolean)
     max_wait: int | None = attrs.field(default=None, validator=between(1))
-    checkpoint_s3_uri: str | None = attrs.field(default=None, validator=s3_uri())
+    checkpoint_s3_uri: str | None = attrs.field(default=None, validator=lambda i, a, v: (
+        _checkpoint_uri(i, a, v)))
     checkpoint_local_path: str | None = attrs.field(default=None, validator=text(
         max_len=limits.LOCAL_PATH_MAX))
     enable_network_isolation: bool = attrs.field(default=False, validator=boolean)
@@ -196,6 +197,13 @@ class TrainingConfig:
     def evolve(self, **changes) -> TrainingConfig:
         """A copy with some arguments changed, validated again."""
         return attrs.evolve(self, **changes)
+
+
+def _checkpoint_uri(instance, attribute, value):
+    """An S3 URI; on a Slurm cluster a file:// directory on its shared filesystem too."""
+    if value is not None and value.startswith("file://") and instance.backend == "slurm":
+        return
+    s3_uri()(instance, attribute, value)
 
 
 # ---- rules across arguments: where v2 is silent and the service would reject later ----

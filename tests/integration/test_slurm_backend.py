@@ -212,3 +212,80 @@ def test_a_node_that_dies_fails_the_job_naming_its_host(cluster, tmp_path):
     assert time.monotonic() - started < 60, description["FailureReason"]
     devcluster.up(2, say=lambda *_: None)  # node2 back for the tests after this one
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_a_node_cut_off_the_network_fails_the_job_naming_its_host(cluster, tmp_path):
+    est = estimator(tmp_path, mode="sleep")
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    node2 = devcluster.plan(2).nodes[1]
+    started = time.monotonic()
+    subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)  # its cable pulled
+    try:
+        description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] in (
+            "Failed", "Stopped", "Completed") and d, 90, "the job ends")
+    finally:
+        subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)
+    assert description["TrainingJobStatus"] == "Failed"
+    reason = description["FailureReason"]
+    assert "HostLostError: host algo-2" in reason, reason
+    assert time.monotonic() - started < 60, reason
+    devcluster.up(2, say=lambda *_: None)  # node2 answering again, or restarted
+    wait_until(lambda: not node_processes(), 60, f"nothing left: {node_processes()}")
+
+
+RESUMING = """
+import os, sys, time
+folder = "/opt/ml/checkpoints"
+os.makedirs(folder, exist_ok=True)
+path = os.path.join(folder, "step.txt")
+start = int(open(path).read()) if os.path.exists(path) else 0
+print(f"starting at step {start}", flush=True)
+host = os.environ["SM_CURRENT_HOST"]
+for step in range(start, start + 600):
+    if host == "algo-1":
+        with open(path + ".tmp", "w") as f:
+            f.write(str(step + 1))
+        os.replace(path + ".tmp", path)
+    print(f"step {step}", flush=True)
+    if start > 0 and step >= start + 2:
+        break
+    time.sleep(1)
+"""
+
+
+def test_a_requeued_job_restarts_from_its_checkpoints_and_completes(cluster, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(RESUMING)
+    session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
+    est = shoal.PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
+                        framework_version="2.0.1", py_version="py310",
+                        instance_type="ml.m5.xlarge", instance_count=2, sagemaker_session=session,
+                        checkpoint_s3_uri=(tmp_path / "checkpoints").as_uri())
+    est.fit(wait=False)
+    job = est.latest_training_job
+    log = job.paths.log_file
+    wait_until(lambda: log.exists() and "[algo-1] step 3" in log.read_text(), 90, "step 3")
+    assert "--requeue" in (job.paths.job_dir / "sbatch.sh").read_text()
+    subprocess.run(["scontrol", "requeue", job.slurm_job_id], check=True)
+    # Slurm holds a requeued batch job back a while (BeginTime): let it start at once
+
+    def restarted():
+        if commands.show(job.slurm_job_id).state in ("PENDING", "REQUEUED"):
+            subprocess.run(["scontrol", "update", f"JobId={job.slurm_job_id}", "StartTime=now"],
+                           capture_output=True)
+        return "Restarting" in [t["Status"] for t in job.describe()["SecondaryStatusTransitions"]]
+
+    wait_until(restarted, 120, "the job runs again")
+    description = job.wait(logs=None)
+    assert description["TrainingJobStatus"] == "Completed"
+    statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
+    assert statuses.index("Interrupted") < statuses.index("Restarting") < statuses.index(
+        "Completed"), statuses
+    starts = [int(line.split("starting at step ")[1].split()[0])
+              for line in log.read_text().splitlines() if "[algo-1] starting at step" in line]
+    assert starts[0] == 0 and starts[-1] >= 4, starts  # the second run resumed, not restarted
+    assert commands.show(job.slurm_job_id).restarts == 1
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")

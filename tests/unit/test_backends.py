@@ -89,3 +89,19 @@ def test_an_estimator_on_slurm_uses_files_in_place_and_needs_no_aws(monkeypatch,
     assert request["InputDataConfig"][0]["DataSource"]["FileDataSource"]["FileUri"] == \
         tmp_path.as_uri()
     assert request["ResourceConfig"]["InstanceType"] == "ml.m5.xlarge"
+
+
+def test_checkpoints_may_go_to_the_clusters_filesystem_on_slurm_only(monkeypatch, tmp_path):
+    import shoal
+    from shoal.errors import ValidationError
+
+    monkeypatch.delenv("SHOAL_BACKEND", raising=False)
+    args = {"entry_point": "train.py", "role": "R", "framework_version": "2.0.1",
+            "py_version": "py310", "instance_type": "ml.m5.xlarge", "instance_count": 2,
+            "checkpoint_s3_uri": (tmp_path / "ckpt").as_uri()}
+    slurm = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path)})
+    assert shoal.PyTorch(**args, sagemaker_session=slurm).config.checkpoint_s3_uri.startswith(
+        "file://")
+    with pytest.raises(ValidationError, match="'checkpoint_s3_uri' must be an S3 URI"):
+        shoal.PyTorch(**args, sagemaker_session=shoal.Session(
+            boto_session=__import__("boto3").Session(region_name="us-west-2")))

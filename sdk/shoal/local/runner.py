@@ -68,6 +68,18 @@ class Supervisor:
             state.write(self.paths.state_file, record)
 
     # -- phases ----------------------------------------------------------------------------
+    def restarting(self) -> None:
+        """A Slurm job run again after a requeue: say so; the last run's failure files go
+        (this run's outcome is its own)."""
+        from shoal.slurm.restarts import restart_count
+
+        count = restart_count(os.environ) if self.on_slurm else 0
+        if count:
+            self.move("Restarting", f"Slurm restarted the job (restart {count}): restoring its "
+                                    "checkpoints")
+            for host in self.hosts:
+                (self.paths.output_dir(host) / "failure").unlink(missing_ok=True)
+
     def prepare(self) -> None:
         code = local_code(self.request)
         interface = ("eth0" if self.network == "namespaces" or self.on_slurm
@@ -111,9 +123,12 @@ class Supervisor:
             target = self.paths.channel_dir(host, channel)
             target.parent.mkdir(parents=True, exist_ok=True)
             if source.is_dir():
+                if target.is_symlink():  # a restarted Slurm job links it again
+                    target.unlink()
                 target.symlink_to(source, target_is_directory=True)
             else:
                 target.mkdir(exist_ok=True)
+                (target / source.name).unlink(missing_ok=True)
                 (target / source.name).symlink_to(source)
 
     def train(self) -> int:
@@ -185,11 +200,14 @@ class Supervisor:
             storage.upload_dir(self.profiler.rule_output,
                                storage.join(layout.job_output(self.request), "rule-output"))
 
-    def upload(self) -> dict:
+    def save_checkpoints(self) -> None:
         s3_uri, local_path = layout.checkpoint_config(self.request)
         if s3_uri:
             for host in self.hosts:
                 storage.upload_dir(self.paths.checkpoint_dir(host, local_path), s3_uri)
+
+    def upload(self) -> dict:
+        self.save_checkpoints()
         destination = layout.output_prefix(self.request)  # this job's own folder
         with tempfile.TemporaryDirectory(dir=self.paths.job_dir) as tmp:
             model = archive(Path(tmp) / "model.tar.gz", [self.paths.model_dir(h) for h in self.hosts])
@@ -212,6 +230,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         try:
+            self.restarting()
             self.prepare()
             channels = sorted(layout.channel_sources(self.request))
             # Recorded as on SageMaker, printed only when there is data to fetch.
@@ -235,6 +254,12 @@ class Supervisor:
                 self.move("Completed", **artifacts)
                 return 0
             self.move("Failed", FailureReason=self.failure_reason(code), **artifacts)
+            return 1
+        except Requeued:
+            # Slurm runs the batch script again: what the hosts saved goes to the checkpoint
+            # store, from which the next run restores it; the record stays in progress
+            if self.training:
+                self.save_checkpoints()
             return 1
         except StopRequested:
             # as SageMaker does for a stopped job: what the script saved before the stop
@@ -266,6 +291,14 @@ class Supervisor:
             # upload (within Slurm's KillWait) are what the job keeps
             return
         self.stopping.set()
+        if self.on_slurm:
+            from shoal.slurm.restarts import requeue_pending
+
+            restart = requeue_pending(os.environ)
+            if restart is not None:
+                self.move("Interrupted", f"Slurm requeued the job (restart {restart}): it "
+                                         "restarts from its checkpoints")
+                raise Requeued()
         self.move("Stopping")
         raise StopRequested()
 
@@ -277,6 +310,10 @@ def input_message(channels: list[str]) -> str:
     if len(channels) == 1:
         return f"Downloading input data (channel {channels[0]})"
     return f"Downloading input data ({len(channels)} channels: {', '.join(channels)})"
+
+
+class Requeued(BaseException):
+    """Slurm is requeueing the job: this run ends, the job does not."""
 
 
 class StopRequested(BaseException):

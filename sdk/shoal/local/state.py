@@ -19,6 +19,7 @@ PRIMARY = {
     "Starting": "InProgress", "Downloading": "InProgress", "Training": "InProgress",
     "Uploading": "InProgress", "Stopping": "Stopping", "Completed": "Completed",
     "Failed": "Failed", "Stopped": "Stopped", "MaxRuntimeExceeded": "Stopped",
+    "Interrupted": "InProgress", "Restarting": "InProgress",
 }
 MESSAGES = {
     "Starting": "Preparing the local hosts for training",
@@ -30,6 +31,8 @@ MESSAGES = {
     "Failed": "Training job failed",
     "Stopped": "Training job stopped",
     "MaxRuntimeExceeded": "Training job ran longer than MaxRuntimeInSeconds and was stopped",
+    "Interrupted": "The job was interrupted; it restarts from its checkpoints",
+    "Restarting": "Restarting the job from its checkpoints",
 }
 TIME_KEYS = ("CreationTime", "TrainingStartTime", "TrainingEndTime", "LastModifiedTime",
              "StartTime", "EndTime")

@@ -289,3 +289,31 @@ def test_a_requeued_job_restarts_from_its_checkpoints_and_completes(cluster, tmp
     assert starts[0] == 0 and starts[-1] >= 4, starts  # the second run resumed, not restarted
     assert commands.show(job.slurm_job_id).restarts == 1
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_a_pipeline_by_data_parallel_smp_job_trains_across_the_nodes(cluster, tmp_path):
+    """The SMP v1 example, pipeline 2 x data parallel 2 on 2 nodes x 2 processes: the loss
+    falls well below guessing's and the archive holds one file per partition."""
+    import tarfile
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples" / "smdistributed_modelparallel"
+    session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
+    est = shoal.PyTorch(
+        entry_point="train_lm.py", source_dir=str(examples), role=ROLE,
+        instance_type="ml.m5.xlarge", instance_count=2, framework_version="1.13.1",
+        py_version="py39", sagemaker_session=session, hyperparameters={"steps": 60},
+        distribution={"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+            "partitions": 2, "microbatches": 4, "ddp": True}}},
+            "mpi": {"enabled": True, "processes_per_host": 2}})
+    est.fit(logs=None)
+    archive = est.model_data.removeprefix("file://")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        metrics = json.load(tar.extractfile("metrics.json"))
+    assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
+    assert metrics["pp"] == 2 and metrics["dp"] == 2 and metrics["tp"] == 1
+    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+    log = est.latest_training_job.paths.log_file.read_text()
+    assert "mpirank:3,algo-2" in log
+    wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")

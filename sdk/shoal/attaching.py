@@ -219,7 +219,8 @@ def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All"
     ``latest_training_job`` follows, describes and stops the job; ``inputs`` holds the
     job's channels as input objects (``fit(est.inputs)`` runs the job again). With
     ``wait=True`` the job is followed to its end (``logs`` as in ``fit``).
-    ``local://<job>`` attaches to a local-mode job instead (no AWS call).
+    ``local://<job>`` attaches to a local-mode job instead (no AWS call), ``slurm://<job>``
+    (or any name with a Slurm session) to a job on the Slurm cluster.
     """
     from shoal.backends.sagemaker import SageMakerBackend
     from shoal.session import Session
@@ -227,6 +228,9 @@ def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All"
     if job_name.startswith(LOCAL_PREFIX):
         return _attach_local(job_name[len(LOCAL_PREFIX):], wait, logs, estimator_cls,
                              model_channel_name)
+    if job_name.startswith(SLURM_PREFIX) or getattr(sagemaker_session, "backend", None) == "slurm":
+        return _attach_slurm(job_name.removeprefix(SLURM_PREFIX), sagemaker_session, wait, logs,
+                             estimator_cls, model_channel_name)
 
     session = sagemaker_session or Session()
     client = session.sagemaker_client
@@ -245,19 +249,37 @@ def attach(job_name: str, sagemaker_session=None, wait: bool = False, logs="All"
 
 
 LOCAL_PREFIX = "local://"
+SLURM_PREFIX = "slurm://"
 
 
 def _attach_local(job_name: str, wait: bool, logs, estimator_cls, model_channel_name: str):
     """A local job's record is DescribeTrainingJob-shaped: the same restoration applies."""
     from shoal.backends.local import LocalTrainingJob
 
-    job = LocalTrainingJob.attach(job_name)
+    return _bind(LocalTrainingJob.attach(job_name), None, wait, logs, estimator_cls,
+                 model_channel_name)
+
+
+def _attach_slurm(job_name: str, session, wait: bool, logs, estimator_cls,
+                  model_channel_name: str):
+    """A Slurm job's record lives in the cluster's shared directory, shaped as a local one's."""
+    from shoal.backends.slurm import SlurmTrainingJob
+    from shoal.session import Session
+
+    if getattr(session, "backend", None) != "slurm":
+        session = Session(backend="slurm")
+    job = SlurmTrainingJob.attach(job_name, session.slurm_settings().shared_dir)
+    return _bind(job, session, wait, logs, estimator_cls, model_channel_name)
+
+
+def _bind(job, session, wait: bool, logs, estimator_cls, model_channel_name: str):
     description = job.describe()
     params = init_params(description, [], model_channel_name)
     cls = estimator_cls or estimator_class_for(params)
-    estimator = cls(**_accepted(cls, params))
+    extra = {"sagemaker_session": session} if session is not None else {}
+    estimator = cls(**extra, **_accepted(cls, params))
     estimator.inputs = inputs_from_description(description, model_channel_name)
-    estimator._current_job_name = job_name
+    estimator._current_job_name = job.name
     estimator.latest_training_job = job
     if wait:
         job.wait(logs=normalize_log_type(logs))

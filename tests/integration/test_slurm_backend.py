@@ -317,3 +317,16 @@ def test_a_pipeline_by_data_parallel_smp_job_trains_across_the_nodes(cluster, tm
     log = est.latest_training_job.paths.log_file.read_text()
     assert "mpirank:3,algo-2" in log
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+
+
+def test_attach_binds_an_estimator_to_a_job_on_the_cluster(cluster, tmp_path):
+    est = estimator(tmp_path)
+    est.fit(logs=None)
+    session = est.sagemaker_session
+    attached = shoal.PyTorch.attach(f"slurm://{est.latest_training_job.name}", session)
+    assert attached.instance_count == 2 and attached.instance_type == "ml.m5.xlarge"
+    assert attached.model_data == est.model_data
+    assert attached.latest_training_job.describe()["TrainingJobStatus"] == "Completed"
+    out = __import__("io").StringIO()
+    attached.latest_training_job.logs(wait=False, out=out)
+    assert "[slurm] Training job completed" in out.getvalue()

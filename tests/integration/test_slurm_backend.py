@@ -174,7 +174,7 @@ def test_stop_ends_every_rank_on_every_node(cluster, tmp_path):
 
 
 def test_the_run_time_limit_stops_the_job_as_maxruntimeexceeded(cluster, tmp_path):
-    est = estimator(tmp_path, mode="sleep", max_run=25)
+    est = estimator(tmp_path, mode="sleep", max_run=12)
     with pytest.raises(JobStoppedError):
         est.fit(logs=None)
     description = est.latest_training_job.describe()

@@ -163,6 +163,18 @@ def test_stop_ends_every_rank_on_every_node(cluster, tmp_path):
     est.fit(wait=False)
     job = est.latest_training_job
     wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    # while it runs: its log, and its status through the command line
+    out = __import__("io").StringIO()
+    job.logs(wait=False, out=out)
+    assert out.getvalue().count("RANK {") == 4
+    from click.testing import CliRunner
+    from shoal.cli import cli
+
+    env = {"SHOAL_SLURM_SHARED_DIR": str(tmp_path / "shared"), "XDG_CONFIG_HOME": str(tmp_path)}
+    shown = CliRunner(env=env).invoke(cli, ["status", f"slurm://{job.name}"])
+    assert shown.exit_code == 0 and "SecondaryStatus: Training" in shown.output, shown.output
+    listed = CliRunner(env=env).invoke(cli, ["list", "--slurm"])
+    assert f"slurm://{job.name}" in listed.output and "InProgress" in listed.output
     started = time.monotonic()
     job.stop(wait=True)
     description = job.describe()

@@ -147,6 +147,13 @@ def test_a_two_node_data_parallel_job_allreduces_across_the_nodes(cluster, tmp_p
     assert model == f"{(tmp_path / 'shared' / 'output').as_uri()}/{job.name}/output/model.tar.gz"
     assert commands.show(job.slurm_job_id).state == "COMPLETED"
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+    # attach binds an estimator to the job on the cluster (its record on the shared directory)
+    attached = shoal.PyTorch.attach(f"slurm://{job.name}", est.sagemaker_session)
+    assert attached.instance_count == 2 and attached.instance_type == "ml.m5.xlarge"
+    assert attached.model_data == est.model_data
+    out = __import__("io").StringIO()
+    attached.latest_training_job.logs(wait=False, out=out)
+    assert "[slurm] Training job completed" in out.getvalue()
 
 
 def test_a_failing_rank_fails_the_job_with_its_error(cluster, tmp_path):
@@ -282,15 +289,9 @@ def test_a_requeued_job_restarts_from_its_checkpoints_and_completes(cluster, tmp
     wait_until(lambda: log.exists() and "[algo-1] step 3" in log.read_text(), 90, "step 3")
     assert "--requeue" in (job.paths.job_dir / "sbatch.sh").read_text()
     subprocess.run(["scontrol", "requeue", job.slurm_job_id], check=True)
-    # Slurm holds a requeued batch job back a while (BeginTime): let it start at once
-
-    def restarted():
-        if commands.show(job.slurm_job_id).state in ("PENDING", "REQUEUED"):
-            subprocess.run(["scontrol", "update", f"JobId={job.slurm_job_id}", "StartTime=now"],
-                           capture_output=True)
-        return "Restarting" in [t["Status"] for t in job.describe()["SecondaryStatusTransitions"]]
-
-    wait_until(restarted, 120, "the job runs again")
+    # Slurm holds a requeued job back until its last run's credential expires (20 s here)
+    wait_until(lambda: "Restarting" in [t["Status"] for t in job.describe()[
+        "SecondaryStatusTransitions"]], 120, "the job runs again")
     description = job.wait(logs=None)
     assert description["TrainingJobStatus"] == "Completed"
     statuses = [t["Status"] for t in description["SecondaryStatusTransitions"]]
@@ -330,15 +331,3 @@ def test_a_pipeline_by_data_parallel_smp_job_trains_across_the_nodes(cluster, tm
     assert "mpirank:3,algo-2" in log
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
 
-
-def test_attach_binds_an_estimator_to_a_job_on_the_cluster(cluster, tmp_path):
-    est = estimator(tmp_path)
-    est.fit(logs=None)
-    session = est.sagemaker_session
-    attached = shoal.PyTorch.attach(f"slurm://{est.latest_training_job.name}", session)
-    assert attached.instance_count == 2 and attached.instance_type == "ml.m5.xlarge"
-    assert attached.model_data == est.model_data
-    assert attached.latest_training_job.describe()["TrainingJobStatus"] == "Completed"
-    out = __import__("io").StringIO()
-    attached.latest_training_job.logs(wait=False, out=out)
-    assert "[slurm] Training job completed" in out.getvalue()

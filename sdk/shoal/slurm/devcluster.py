@@ -84,6 +84,9 @@ class ClusterPlan:
             f"SlurmctldHost={self.controller}({CONTROLLER_ADDRESS})",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
+            # a requeued job waits for its last run's credential to expire before it starts
+            # again: 20 s here instead of 120 (the credential still outlives a step's launch)
+            "AuthInfo=cred_expire=20",
             f"StateSaveLocation={STATE_DIR}/ctld",
             f"SlurmdSpoolDir={STATE_DIR}/spool/%n",
             f"SlurmctldPidFile={RUN_DIR}/slurmctld.pid",
@@ -219,9 +222,24 @@ def node_states() -> dict[str, str]:
     return dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
 
 
+def slurmd_running(node: Node) -> bool:
+    """A slurmd in the node's namespace (slurmctld notices a dead one only after
+    SlurmdTimeout: until then sinfo still shows the node as it was)."""
+    done = subprocess.run(["ip", "netns", "pids", node.namespace], capture_output=True,
+                          text=True, timeout=20)
+    for pid in done.stdout.split():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def healthy(cluster: ClusterPlan) -> bool:
     states = node_states()
     return (SLURM_CONF.is_file() and SLURM_CONF.read_text() == cluster.slurm_conf()
+            and all(slurmd_running(n) for n in cluster.nodes)
             and all(states.get(n.name, "").rstrip("*") in ("idle", "allocated", "mixed",
                                                            "completing")
                     and not states[n.name].endswith("*") for n in cluster.nodes))

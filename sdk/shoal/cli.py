@@ -19,6 +19,7 @@ import click
 
 from . import config as config_mod
 from .errors import ConfigError, ShoalError, exit_code_for
+from .frameworks import REMOTE_BACKENDS
 from .handles import local_handle, resolve_handle, sagemaker_handle, slurm_handle
 from .local.network import NETWORK_MODES
 
@@ -80,7 +81,7 @@ def _hyperparameters(values):
 @click.option("--allow-secrets", is_flag=True,
               help="Send secret-looking hyperparameter and environment values anyway.")
 @click.option("--local", is_flag=True, help="Run on this machine (instance type 'local').")
-@click.option("--backend", type=click.Choice(["sagemaker", "slurm"]),
+@click.option("--backend", type=click.Choice(REMOTE_BACKENDS),
               help="Where a non-local job runs (default: SageMaker, or $SHOAL_BACKEND).")
 @click.option("--network", "local_network", type=click.Choice(NETWORK_MODES),
               help="Local jobs: hosts on loopback, or in network namespaces of their own (root).")
@@ -189,8 +190,7 @@ def slurm_settings():
     environment (SHOAL_SLURM_SHARED_DIR ...)."""
     from .slurm.settings import SlurmSettings
 
-    spec = config_mod.resolve()
-    return SlurmSettings.from_mapping(spec.slurm) if spec.slurm else SlurmSettings.from_env()
+    return SlurmSettings.resolve(config_mod.resolve().slurm)
 
 
 def sagemaker_session(region: str):

@@ -27,7 +27,7 @@ import attrs
 import yaml
 
 from .errors import ConfigError
-from .frameworks import LOCAL_INSTANCE_TYPES
+from .frameworks import LOCAL_INSTANCE_TYPES, REMOTE_BACKENDS
 from .local.network import NETWORK_MODES
 
 FRAMEWORKS = ("pytorch", "tensorflow", "estimator")
@@ -104,7 +104,7 @@ class JobSpec:
     # where a non-local job runs: SageMaker (the default) or a Slurm cluster, with the
     # cluster's settings (shoal.slurm.settings.SlurmSettings: shared_dir, partitions, ...)
     backend: str | None = attrs.field(
-        default=None, validator=_opt(attrs.validators.in_(("sagemaker", "slurm"))))
+        default=None, validator=_opt(attrs.validators.in_(REMOTE_BACKENDS)))
     slurm: dict | None = attrs.field(default=None, validator=_opt(_is(dict)))
 
     @classmethod
@@ -261,10 +261,7 @@ def build_estimator(spec: JobSpec, sagemaker_session=None):
     import shoal
 
     if sagemaker_session is None and spec.on_slurm:
-        from shoal.slurm.settings import SlurmSettings
-
-        settings = SlurmSettings.from_mapping(spec.slurm) if spec.slurm else None
-        sagemaker_session = shoal.Session(backend="slurm", slurm=settings)
+        sagemaker_session = shoal.Session(backend="slurm", slurm=spec.slurm)
     elif sagemaker_session is None and spec.region:
         import boto3
 

@@ -42,6 +42,10 @@ TORCH_DISTRIBUTED_TRAINIUM_VERSIONS: tuple[str, ...] = (
 
 #: The instance types that run a job on this machine (local mode).
 LOCAL_INSTANCE_TYPES: tuple[str, ...] = ("local", "local_gpu")
+#: Where a job runs: the one table the SDK, the config file and the CLI check a backend
+#: against; a local instance type always runs locally, the others on one of REMOTE_BACKENDS.
+BACKENDS: tuple[str, ...] = ("local", "sagemaker", "slurm")
+REMOTE_BACKENDS: tuple[str, ...] = BACKENDS[1:]
 
 #: The only distribution strategies Trainium instances accept.
 TRAINIUM_STRATEGIES: tuple[str, ...] = ("torch_distributed",)

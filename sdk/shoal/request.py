@@ -16,7 +16,7 @@ from shoal import inputs as inputs_
 from shoal import limits, secrets
 from shoal.debugger import request as debugger
 from shoal.errors import InputError, ValidationError
-from shoal.frameworks import LOCAL_INSTANCE_TYPES
+from shoal.frameworks import LOCAL_INSTANCE_TYPES, REMOTE_BACKENDS
 from shoal.limits import between, boolean, fail, items, kms_key, one_of, s3_uri, text
 
 # ---- converters and validators of the structured arguments ----
@@ -178,7 +178,7 @@ class TrainingConfig:
     # where the job runs when not on a local instance type: None (SageMaker) or "slurm", set
     # by the estimator from its session or SHOAL_BACKEND; not part of the request
     backend: str | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.in_(("sagemaker", "slurm"))))
+        attrs.validators.in_(REMOTE_BACKENDS)))
 
     def __attrs_post_init__(self):
         for rule in CONFIG_RULES:

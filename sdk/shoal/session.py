@@ -81,8 +81,7 @@ class Session:
         from shoal.slurm.settings import SlurmSettings
 
         if not isinstance(self._slurm, SlurmSettings):
-            self._slurm = (SlurmSettings.from_mapping(self._slurm) if self._slurm is not None
-                           else SlurmSettings.from_env())
+            self._slurm = SlurmSettings.resolve(self._slurm)
         return self._slurm
 
     @property

@@ -18,7 +18,7 @@ import os
 from typing import Protocol, runtime_checkable
 
 from shoal.errors import ConfigError
-from shoal.frameworks import LOCAL_INSTANCE_TYPES
+from shoal.frameworks import BACKENDS, LOCAL_INSTANCE_TYPES
 
 
 @runtime_checkable
@@ -53,7 +53,6 @@ class Backend(Protocol):
         """Start the job the request describes and return its handle."""
 
 
-BACKENDS = ("local", "sagemaker", "slurm")
 
 
 def chosen_backend(session=None, environ=os.environ) -> str | None:

@@ -42,20 +42,30 @@ class LocalBackend:
 
     def submit(self, request: dict) -> LocalTrainingJob:
         paths = layout.JobPaths.for_job(request["TrainingJobName"], self.root)
-        _check_name_free(request, paths)
-        layout.host_names(request)  # refuse a malformed request before anything runs
+        check_request(request, paths)
         network_mode(os.environ)  # an unknown SHOAL_LOCAL_NETWORK fails the call, not the job
-        _check_local_sources(request)
-        _check_local_code(request)
-        metrics.definitions(request)  # a bad MetricDefinitions regex fails the call
-        _claim_name(request, paths)
-        paths.request_file.write_text(_dumps(request))
-        record = state.initial(request, self.region)
-        state.write(paths.state_file, record)
+        record_job(request, paths, self.region)
         runner = process.spawn_runner(paths.job_dir, paths.log_file)
         # Its own file: the supervisor owns job.json from now on.
         state.write(paths.runner_file, {"Pid": runner.pid, "CreateTime": runner.create_time()})
         return LocalTrainingJob(request["TrainingJobName"], paths, runner)
+
+
+def check_request(request: dict, paths: layout.JobPaths) -> None:
+    """What fails the call rather than the job, for a job whose files live in ``paths``
+    (here, or on a Slurm cluster's shared directory)."""
+    _check_name_free(request, paths)
+    layout.host_names(request)  # refuse a malformed request before anything runs
+    _check_local_sources(request)
+    _check_local_code(request)
+    metrics.definitions(request)  # a bad MetricDefinitions regex fails the call
+
+
+def record_job(request: dict, paths: layout.JobPaths, region: str) -> None:
+    """Claim the job's name and write its request and first record (Starting)."""
+    _claim_name(request, paths)
+    paths.request_file.write_text(_dumps(request))
+    state.write(paths.state_file, state.initial(request, region))
 
 
 def _check_name_free(request: dict, paths: layout.JobPaths) -> None:

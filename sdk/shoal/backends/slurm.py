@@ -20,12 +20,11 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..local import layout, metrics, state
+from ..local import layout, state
 from ..slurm import batch, commands, states
 from ..slurm.settings import SlurmSettings
 from . import local
 
-SLURM_FILE = states.RECORD_FILE  # the Slurm job's id, and whether Shoal asked it to stop
 QUERY_SECONDS = 2.0  # how often describe() asks Slurm at most (logs() polls ten times a second)
 
 
@@ -41,15 +40,9 @@ class SlurmBackend:
 
     def submit(self, request: dict) -> SlurmTrainingJob:
         paths = layout.JobPaths.for_job(request["TrainingJobName"], self.settings.shared_dir)
-        local._check_name_free(request, paths)
-        layout.host_names(request)
-        local._check_local_sources(request)
-        local._check_local_code(request)
-        metrics.definitions(request)
+        local.check_request(request, paths)
         text = batch.script(request, paths.job_dir, self.settings)  # refuses before anything
-        local._claim_name(request, paths)
-        paths.request_file.write_text(local._dumps(request))
-        state.write(paths.state_file, state.initial(request, self.region))
+        local.record_job(request, paths, self.region)
         script = paths.job_dir / batch.SCRIPT_NAME
         script.write_text(text)
         try:
@@ -59,7 +52,7 @@ class SlurmBackend:
             record["FailureReason"] = f"ClientError: sbatch refused the job: {error}"[:1024]
             state.write(paths.state_file, record)
             raise
-        state.write(paths.job_dir / SLURM_FILE, {"JobId": job_id, "StopRequested": False})
+        state.write(paths.job_dir / states.RECORD_FILE, {"JobId": job_id, "StopRequested": False})
         return SlurmTrainingJob(request["TrainingJobName"], paths)
 
 
@@ -69,6 +62,7 @@ class SlurmTrainingJob(local.LocalTrainingJob):
     def __init__(self, name: str, paths: layout.JobPaths, runner=None):
         super().__init__(name, paths, None)
         self._queried: tuple[float, states.SlurmJob | None] | None = None
+        self._job_id: str | None = None  # fixed once sbatch answered
 
     @classmethod
     def attach(cls, job_name: str, root: Path | None = None) -> SlurmTrainingJob:
@@ -83,13 +77,15 @@ class SlurmTrainingJob(local.LocalTrainingJob):
     def slurm(self) -> dict:
         """The Slurm side's record; empty for a job sbatch refused (its record says why)."""
         try:
-            return json.loads((self.paths.job_dir / SLURM_FILE).read_text())
+            return json.loads((self.paths.job_dir / states.RECORD_FILE).read_text())
         except FileNotFoundError:
             return {}
 
     @property
     def slurm_job_id(self) -> str | None:
-        return self.slurm.get("JobId")
+        if self._job_id is None:  # describe() runs ten times a second while logs() follows
+            self._job_id = self.slurm.get("JobId")
+        return self._job_id
 
     def slurm_job(self, fresh: bool = False) -> states.SlurmJob | None:
         if self.slurm_job_id is None:
@@ -146,7 +142,7 @@ class SlurmTrainingJob(local.LocalTrainingJob):
         if self.slurm_job_id is None:
             return  # never submitted
         info = {**self.slurm, "StopRequested": True}
-        state.write(self.paths.job_dir / SLURM_FILE, info)
+        state.write(self.paths.job_dir / states.RECORD_FILE, info)
         job = self.slurm_job(fresh=True)
         if job is None or job.ended:
             return

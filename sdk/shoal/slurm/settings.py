@@ -85,6 +85,11 @@ class SlurmSettings:
         return cls(**data)
 
     @classmethod
+    def resolve(cls, section: Mapping | None) -> SlurmSettings:
+        """A configuration's ``slurm:`` section when it has one, else the environment."""
+        return cls.from_mapping(section) if section else cls.from_env()
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> SlurmSettings:
         fields = {"default_partition": "PARTITION", "account": "ACCOUNT", "qos": "QOS",
                   "shared_dir": "SHARED_DIR", "python": "PYTHON"}

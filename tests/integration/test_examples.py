@@ -81,6 +81,22 @@ def test_demo_trains_to_095_on_2_hosts_x_2_processes(tmp_path):
         assert f"mpirank:{rank}," in result.stdout + result.stderr
 
 
+# the SMP v1 example's pipeline 2 x data parallel 2 on 2 hosts x 2 processes (also run on Slurm)
+PIPELINE_BY_DATA = {"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
+    "partitions": 2, "microbatches": 4, "ddp": True}}},
+    "mpi": {"enabled": True, "processes_per_host": 2}}
+
+
+def check_pipeline_by_data_archive(archive) -> None:
+    """The loss fell well below guessing's and the archive holds one file per partition."""
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        metrics = json.load(tar.extractfile("metrics.json"))
+    assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
+    assert metrics["pp"] == 2 and metrics["dp"] == 2 and metrics["tp"] == 1
+    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+
+
 @pytest.mark.torch
 def test_model_parallel_example_pipeline_2_by_data_parallel_2_on_2_hosts(tmp_path, monkeypatch):
     """The SMP v1 example through the estimator, as SageMaker runs it: mpirun over 2 hosts x 2
@@ -91,18 +107,11 @@ def test_model_parallel_example_pipeline_2_by_data_parallel_2_on_2_hosts(tmp_pat
         entry_point="train_lm.py", source_dir=str(EXAMPLES / "smdistributed_modelparallel"),
         role="arn:aws:iam::111122223333:role/Examples", instance_type="local",
         instance_count=2, framework_version="1.13.1", py_version="py39",
-        distribution={"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "partitions": 2, "microbatches": 4, "ddp": True}}},
-            "mpi": {"enabled": True, "processes_per_host": 2}},
-        hyperparameters={"steps": 60}, output_path=(tmp_path / "out").as_uri())
+        distribution=PIPELINE_BY_DATA, hyperparameters={"steps": 60},
+        output_path=(tmp_path / "out").as_uri())
     estimator.fit(job_name="example-modelparallel")
-    archive = tmp_path / "out" / "example-modelparallel" / "output" / "model.tar.gz"
-    with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-        metrics = json.load(tar.extractfile("metrics.json"))
-    assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
-    assert metrics["pp"] == 2 and metrics["dp"] == 2 and metrics["tp"] == 1
-    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+    check_pipeline_by_data_archive(
+        tmp_path / "out" / "example-modelparallel" / "output" / "model.tar.gz")
 
 
 @pytest.mark.torch

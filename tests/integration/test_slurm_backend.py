@@ -14,6 +14,7 @@ import time
 import pytest
 import shoal
 from shoal.errors import JobFailedError, JobStoppedError
+from shoal.local.network.namespaces import namespace_pids
 from shoal.slurm import commands, devcluster
 
 pytestmark = [
@@ -89,9 +90,7 @@ def node_processes() -> list[str]:
     """Every process on the nodes but their slurmd."""
     found = []
     for node in devcluster.plan(2).nodes:
-        pids = subprocess.run(["ip", "netns", "pids", node.namespace], capture_output=True,
-                              text=True).stdout.split()
-        for pid in pids:
+        for pid in namespace_pids([node.namespace]):
             try:
                 name = open(f"/proc/{pid}/comm").read().strip()
             except OSError:
@@ -109,6 +108,21 @@ def wait_until(check, seconds: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def sleeping_job(tmp_path):
+    """A job whose four ranks are up and sleep (for ten minutes)."""
+    est = estimator(tmp_path, mode="sleep")
+    est.fit(wait=False)
+    job = est.latest_training_job
+    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    return job
+
+
+def ended(job, seconds: float) -> dict:
+    """The job's description once it has ended."""
+    return wait_until(lambda: (d := job.describe())["TrainingJobStatus"] in (
+        "Completed", "Failed", "Stopped") and d, seconds, "the job ends")
 
 
 def ranks_of(job) -> list[dict]:
@@ -166,10 +180,7 @@ def test_a_failing_rank_fails_the_job_with_its_error(cluster, tmp_path):
 
 
 def test_stop_ends_every_rank_on_every_node(cluster, tmp_path):
-    est = estimator(tmp_path, mode="sleep")
-    est.fit(wait=False)
-    job = est.latest_training_job
-    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    job = sleeping_job(tmp_path)
     # while it runs: its log, and its status through the command line
     out = __import__("io").StringIO()
     job.logs(wait=False, out=out)
@@ -202,13 +213,9 @@ def test_the_run_time_limit_stops_the_job_as_maxruntimeexceeded(cluster, tmp_pat
 
 
 def test_a_cancel_by_someone_else_is_stopped_and_says_so(cluster, tmp_path):
-    est = estimator(tmp_path, mode="sleep")
-    est.fit(wait=False)
-    job = est.latest_training_job
-    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    job = sleeping_job(tmp_path)
     subprocess.run(["scancel", job.slurm_job_id], check=True)  # as an administrator would
-    description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] in (
-        "Completed", "Failed", "Stopped") and d, 60, "the job ends")
+    description = ended(job, 60)
     assert description["TrainingJobStatus"] == "Stopped"
     message = description["SecondaryStatusTransitions"][-1]["StatusMessage"]
     assert "someone other than Shoal" in message
@@ -216,16 +223,12 @@ def test_a_cancel_by_someone_else_is_stopped_and_says_so(cluster, tmp_path):
 
 
 def test_a_node_that_dies_fails_the_job_naming_its_host(cluster, tmp_path):
-    est = estimator(tmp_path, mode="sleep")
-    est.fit(wait=False)
-    job = est.latest_training_job
-    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    job = sleeping_job(tmp_path)
     node2 = devcluster.plan(2).nodes[1].namespace
     started = time.monotonic()
-    pids = subprocess.run(["ip", "netns", "pids", node2], capture_output=True, text=True).stdout
-    subprocess.run(["kill", "-KILL", *pids.split()])  # the node, slurmd and all, is gone
-    description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] != "InProgress"
-                             and d, 90, "the job ends")
+    pids = namespace_pids([node2])
+    subprocess.run(["kill", "-KILL", *map(str, pids)])  # the node, slurmd and all, is gone
+    description = ended(job, 90)
     assert description["TrainingJobStatus"] == "Failed"
     assert "algo-2" in description["FailureReason"] or "node2" in description["FailureReason"]
     assert time.monotonic() - started < 60, description["FailureReason"]
@@ -234,16 +237,12 @@ def test_a_node_that_dies_fails_the_job_naming_its_host(cluster, tmp_path):
 
 
 def test_a_node_cut_off_the_network_fails_the_job_naming_its_host(cluster, tmp_path):
-    est = estimator(tmp_path, mode="sleep")
-    est.fit(wait=False)
-    job = est.latest_training_job
-    wait_until(lambda: len(ranks_of(job)) == 4, 90, "the ranks start")
+    job = sleeping_job(tmp_path)
     node2 = devcluster.plan(2).nodes[1]
     started = time.monotonic()
     subprocess.run(["ip", "link", "set", node2.veth, "down"], check=True)  # its cable pulled
     try:
-        description = wait_until(lambda: (d := job.describe())["TrainingJobStatus"] in (
-            "Failed", "Stopped", "Completed") and d, 90, "the job ends")
+        description = ended(job, 90)
     finally:
         subprocess.run(["ip", "link", "set", node2.veth, "up"], check=True)
     assert description["TrainingJobStatus"] == "Failed"
@@ -307,26 +306,20 @@ def test_a_requeued_job_restarts_from_its_checkpoints_and_completes(cluster, tmp
 def test_a_pipeline_by_data_parallel_smp_job_trains_across_the_nodes(cluster, tmp_path):
     """The SMP v1 example, pipeline 2 x data parallel 2 on 2 nodes x 2 processes: the loss
     falls well below guessing's and the archive holds one file per partition."""
-    import tarfile
-    from pathlib import Path
+    from tests.integration.test_examples import (
+        EXAMPLES,
+        PIPELINE_BY_DATA,
+        check_pipeline_by_data_archive,
+    )
 
-    examples = Path(__file__).resolve().parents[2] / "examples" / "smdistributed_modelparallel"
     session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
     est = shoal.PyTorch(
-        entry_point="train_lm.py", source_dir=str(examples), role=ROLE,
-        instance_type="ml.m5.xlarge", instance_count=2, framework_version="1.13.1",
+        entry_point="train_lm.py", source_dir=str(EXAMPLES / "smdistributed_modelparallel"),
+        role=ROLE, instance_type="ml.m5.xlarge", instance_count=2, framework_version="1.13.1",
         py_version="py39", sagemaker_session=session, hyperparameters={"steps": 60},
-        distribution={"smdistributed": {"modelparallel": {"enabled": True, "parameters": {
-            "partitions": 2, "microbatches": 4, "ddp": True}}},
-            "mpi": {"enabled": True, "processes_per_host": 2}})
+        distribution=PIPELINE_BY_DATA)
     est.fit(logs=None)
-    archive = est.model_data.removeprefix("file://")
-    with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-        metrics = json.load(tar.extractfile("metrics.json"))
-    assert {"model.pt_0_0.pt", "model.pt_1_0.pt"} <= names, names
-    assert metrics["pp"] == 2 and metrics["dp"] == 2 and metrics["tp"] == 1
-    assert metrics["loss"] < 2.0, metrics  # guessing: log(64) = 4.16
+    check_pipeline_by_data_archive(est.model_data.removeprefix("file://"))
     log = est.latest_training_job.paths.log_file.read_text()
     assert "mpirank:3,algo-2" in log
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")

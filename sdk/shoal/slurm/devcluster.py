@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import attrs
 import psutil
 
 from shoal.errors import ConfigError
+from shoal.launcher.supervisor import end_processes
+from shoal.local.network.namespaces import hosts_text, list_namespaces, namespace_pids
 
 MARKER = "# Written by Shoal's `make slurm-up`: removed by `make slurm-down`."
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
@@ -70,9 +71,8 @@ class ClusterPlan:
     partition: str = "shoal"
 
     def hosts_file(self) -> str:
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-                 f"{CONTROLLER_ADDRESS}\t{self.controller}"]
-        return "\n".join(lines + [f"{n.address}\t{n.name}" for n in self.nodes]) + "\n"
+        return hosts_text([(CONTROLLER_ADDRESS, self.controller),
+                           *((n.address, n.name) for n in self.nodes)])
 
     def slurm_conf(self) -> str:
         node_lines = [f"NodeName={n.name} NodeAddr={n.address} CPUs={n.cpus} "
@@ -225,9 +225,7 @@ def node_states() -> dict[str, str]:
 def slurmd_running(node: Node) -> bool:
     """A slurmd in the node's namespace (slurmctld notices a dead one only after
     SlurmdTimeout: until then sinfo still shows the node as it was)."""
-    done = subprocess.run(["ip", "netns", "pids", node.namespace], capture_output=True,
-                          text=True, timeout=20)
-    for pid in done.stdout.split():
+    for pid in namespace_pids([node.namespace]):
         try:
             if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":
                 return True
@@ -283,27 +281,15 @@ def up(nodes: int = 2, say=print) -> ClusterPlan:
     return cluster
 
 
-def _namespaces() -> list[str]:
-    done = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20)
-    return [line.split()[0] for line in done.stdout.splitlines()
-            if line.startswith(NAMESPACE_PREFIX)]
-
-
 def _end(pids: list[int]) -> None:
+    """SIGTERM, then SIGKILL after 10 s, the processes still there."""
     procs = []
     for pid in pids:
         try:
             procs.append(psutil.Process(pid))
-            procs[-1].send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    end_processes(procs, grace=10)
 
 
 def _pid_file(path: Path) -> list[int]:
@@ -316,10 +302,8 @@ def _pid_file(path: Path) -> list[int]:
 def down(say=print) -> None:
     """Ends the cluster's jobs and daemons and removes what up() made (idempotent)."""
     ours = SLURM_CONF.is_file() and MARKER in SLURM_CONF.read_text()
-    namespaces = _namespaces()
-    in_nodes = [int(p) for ns in namespaces for p in _run(["ip", "netns", "pids", ns],
-                                                             check=False).stdout.split()]
-    _end(in_nodes)  # slurmd, slurmstepd and every job process on the nodes
+    namespaces = [ns for ns in list_namespaces() if ns.startswith(NAMESPACE_PREFIX)]
+    _end(namespace_pids(namespaces))  # slurmd, slurmstepd and every job process on the nodes
     if ours:
         _end(_pid_file(RUN_DIR / "slurmctld.pid")
              or [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmctld"])

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from shoal.local.network.hosts import host_environment, make_keys
+from shoal.local.network.namespaces import hosts_text
 
 from . import commands
 
@@ -35,8 +36,7 @@ _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 
 
 def hosts_file(hosts: Sequence[str], addresses: Sequence[str]) -> str:
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    return "\n".join(lines + [f"{a}\t{h}" for h, a in zip(hosts, addresses)]) + "\n"
+    return hosts_text(zip(addresses, hosts))
 
 
 def allocation(environ: Mapping[str, str], hosts: Sequence[str]) -> list[tuple[str, str, str]]:

@@ -21,7 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import attrs
@@ -72,9 +72,7 @@ class NetworkPlan:
         return next(h for h in self.hosts if h.host == name)
 
     def hosts_file(self, host: HostPlan) -> str:
-        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{h.address}\t{h.host}" for h in self.hosts]
-        return "\n".join(lines) + "\n"
+        return hosts_text((h.address, h.host) for h in self.hosts)
 
     def setup_commands(self, netem: bool = True) -> list[list[str]]:
         """Everything after the bridge namespace exists (it is the slot's lock)."""
@@ -96,6 +94,12 @@ class NetworkPlan:
                 commands += [["ip", "netns", "exec", h.namespace, *c]
                              for c in qdisc_commands(self.link, "eth0", netem)]
         return commands
+
+
+def hosts_text(entries: Iterable[tuple[str, str]]) -> str:
+    """A hosts file: localhost, then each (address, name)."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    return "\n".join(lines + [f"{address}\t{name}" for address, name in entries]) + "\n"
 
 
 def plan(hosts: Sequence[str], slot: int, link: LinkSpec | None = None) -> NetworkPlan:

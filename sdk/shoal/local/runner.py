@@ -71,9 +71,11 @@ class Supervisor:
     def restarting(self) -> None:
         """A Slurm job run again after a requeue: say so; the last run's failure files go
         (this run's outcome is its own)."""
+        if not self.on_slurm:
+            return
         from shoal.slurm.restarts import restart_count
 
-        count = restart_count(os.environ) if self.on_slurm else 0
+        count = restart_count(os.environ)
         if count:
             self.move("Restarting", f"Slurm restarted the job (restart {count}): restoring its "
                                     "checkpoints")

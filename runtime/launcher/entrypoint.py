@@ -82,6 +82,11 @@ class Launch:
     def __init__(self, job: TrainingEnvironment, environ: Mapping[str, str]) -> None:
         self.job, self.environ = job, dict(environ)
         self.simulated = bool(environ.get(SIMULATED_ROOT_ENV))
+        # mpirun's way to the other hosts: ssh to their sshd (SageMaker's), the simulation's
+        # agent, or a platform's own (a Slurm job starts its daemons as job steps)
+        self.rsh_agent = environ.get(mpi.RSH_AGENT_ENV) or (
+            agent_command() if self.simulated else None)
+        self.over_ssh = self.rsh_agent is None
         table = environ.get(runners.TF_ADDRESSES_ENV) if self.simulated else None
         self.tf_addresses = json.loads(table) if table else None
         self.dist = runners.Distribution.from_params(job.additional_framework_parameters)
@@ -157,7 +162,7 @@ class Launch:
             num_processes=None if dp else self.dist.num_processes,
             preload=self.environ.get("SHOAL_GETHOSTNAME_PRELOAD") or self.preload,
             env_names=tuple(self.sm_vars()),
-            rsh_agent=agent_command() if self.simulated else None,
+            rsh_agent=self.rsh_agent,
             rank_wrapper=_tool(mpi.RANK_WRAPPER),
         )
         command = self.user_command([sys.executable, "-m", "mpi4py"])
@@ -210,10 +215,10 @@ def run_master(launch: Launch) -> int:
     sshd = None
     try:
         if workers:
-            if not launch.simulated:
+            if launch.over_ssh:
                 sshd = cluster.start_sshd()
             status.wait_for_workers(workers, timeout)
-            if not launch.simulated:
+            if launch.over_ssh:
                 cluster.wait_for_ports(workers, 22, timeout)
     except ShoalError as e:
         code = _startup_failed(launch.job.paths, e)
@@ -279,7 +284,7 @@ def _outcome_unless_lost(launch: Launch, beat: heartbeat.Heartbeat | None,
 
 
 def run_worker(launch: Launch) -> int:
-    if not launch.simulated:
+    if launch.over_ssh:
         cluster.start_sshd()
     timeout = _float_env(launch.environ, "SHOAL_WORKER_TIMEOUT", 3600.0)
     paths = launch.job.paths

@@ -10,8 +10,9 @@ configuration, with Shoal's per-rank wrapper ``shoal-rank`` where the closed ``s
   dropped with a warning. Ranks get credentials from the instance role like any process.
 * ``LD_PRELOAD=<gethostname shim>`` is emitted only when a shim library is given.
 * ``custom_mpi_options`` is split with shell rules (quotes kept together).
-* Simulated hosts (:mod:`shoal.launcher.simulate`) add ``-mca plm_rsh_agent <agent>``
-  just before the command.
+* Simulated hosts (:mod:`shoal.launcher.simulate`) and a platform that starts the other
+  hosts' daemons itself (``SHOAL_RSH_AGENT``: a Slurm job, as job steps) add
+  ``-mca plm_rsh_agent <agent>`` just before the command; no sshd is started or waited for.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
 
 DATAPARALLEL_SERVER_PORT = 7592
 RANK_WRAPPER = "shoal-rank"
+RSH_AGENT_ENV = "SHOAL_RSH_AGENT"
 
 _CREDENTIAL = re.compile(r"^AWS_.*(SECRET|KEY|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 

@@ -40,6 +40,8 @@ print("RANK " + json.dumps({
     "rank": rank, "world": dist.get_world_size(), "host": os.environ["SM_CURRENT_HOST"],
     "hostname": socket.gethostname(), "node": os.environ.get("SHOAL_SLURM_NODE"),
     "eth0": eth0, "over_ssh": "SSH_CONNECTION" in os.environ, "sum": total.item(),
+    "step": os.environ.get("SHOAL_SLURM_STEP"),
+    "sshd": [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "sshd"],
     "slurm_vars": sorted(k for k in os.environ if k.startswith("SLURM_"))}), flush=True)
 print(f"loss={1.0 / (rank + 1):.3f}", flush=True)
 open(os.path.join(os.environ["SM_MODEL_DIR"], f"rank-{rank}.txt"), "w").write("ok")
@@ -151,7 +153,11 @@ def test_a_two_node_data_parallel_job_allreduces_across_the_nodes(cluster, tmp_p
     assert {r["hostname"] for r in ranks} == {"algo-1", "algo-2"}
     assert {a for r in by_host["algo-1"] for a in r["eth0"]} == {"10.215.0.11"}
     assert {a for r in by_host["algo-2"] for a in r["eth0"]} == {"10.215.0.12"}
-    assert all(r["over_ssh"] for r in by_host["algo-2"])  # mpirun from algo-1, over SSH
+    # mpirun from algo-1 started algo-2's daemon as a step of the job, not over SSH
+    assert not any(r["over_ssh"] or r["sshd"] for r in ranks)
+    assert {r["step"] for r in by_host["algo-1"]} == {None}
+    steps = {r["step"] for r in by_host["algo-2"]}
+    assert len(steps) == 1 and steps.pop().startswith(f"{job.slurm_job_id}.")
     assert all(r["sum"] == 10.0 and r["world"] == 4 for r in ranks)  # across the nodes
     assert all(r["slurm_vars"] == [] for r in ranks)  # kept from Open MPI
     description = job.describe()

@@ -99,6 +99,20 @@ def test_mpirun_line_runs_every_rank_through_shoal_rank(tmp_path):
     assert "FI_EFA_USE_DEVICE_RDMA=1" in argv
 
 
+def test_a_platform_agent_replaces_ssh_and_the_sshd(tmp_path):
+    paths = write_job(tmp_path, {"sagemaker_mpi_enabled": "true",
+                                 "sagemaker_mpi_num_of_processes_per_host": "2"},
+                      hosts=("algo-1", "algo-2"), script="")  # fmt: skip
+    job = load_environment(paths, {}, num_gpus=0, num_cpus=2)
+    over_ssh = Launch(job, {})
+    assert over_ssh.over_ssh and "plm_rsh_agent" not in over_ssh.mpirun_argv()
+    launch = Launch(job, {"SHOAL_RSH_AGENT": "/py -m shoal.slurm.agent"})
+    assert not launch.over_ssh  # no sshd started, none waited for on port 22
+    argv = launch.mpirun_argv()
+    i = argv.index("plm_rsh_agent")
+    assert argv[i - 1:i + 2] == ["-mca", "plm_rsh_agent", "/py -m shoal.slurm.agent"]
+
+
 def test_launcher_log_lines_name_their_host(tmp_path):
     # No SHOAL_HOST (as on SageMaker): the host comes from the resource configuration.
     write_job(tmp_path, {}, host="algo-3", hosts=("algo-3",), script="print('from the script')\n")

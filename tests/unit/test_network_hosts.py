@@ -13,12 +13,22 @@ from shoal.local.network import hosts
 
 
 def test_the_host_script_names_the_host_mounts_its_tree_starts_sshd_then_train(tmp_path):
-    script = hosts.host_script("algo-2", tmp_path / "algo-2", tmp_path / "ssh", "/venv/bin/python")
+    script = hosts.host_script("algo-2", tmp_path / "algo-2", "/venv/bin/python",
+                               keys=tmp_path / "ssh")
     steps = script.split("; ")
     assert steps[0] == "set -e"
     assert steps[1] == "hostname algo-2"
     assert steps[2] == f"mount --bind {tmp_path / 'algo-2'} /opt/ml"
     assert steps[-2] == f"/usr/sbin/sshd -f {tmp_path / 'ssh' / 'sshd_config'}"
+    assert steps[-1] == "exec /venv/bin/python -m shoal.launcher.entrypoint"
+
+
+def test_a_cluster_node_binds_the_jobs_hosts_file_and_starts_no_sshd_without_keys(tmp_path):
+    script = hosts.host_script("algo-2", tmp_path / "algo-2", "/venv/bin/python",
+                               hosts_file=tmp_path / "hosts")
+    steps = script.split("; ")
+    assert steps[3] == f"mount --bind {tmp_path / 'hosts'} /etc/hosts"
+    assert not any("sshd" in step for step in steps)
     assert steps[-1] == "exec /venv/bin/python -m shoal.launcher.entrypoint"
 
 

@@ -2,10 +2,11 @@
 
 The supervisor runs in the batch script on the allocation's first node. Its hosts ``algo-1..N``
 are the allocation's nodes in Slurm's order (``SLURM_JOB_NODELIST``): it writes the job's hosts
-file (each ``algo-N`` at its node's address) and SSH keys to the job's directory on the shared
-filesystem, then starts every node's part (``shoal.slurm.node``) with one ``srun``: ranks start
-through Slurm, never through an SSH of ours from outside the allocation. Each output line
-comes back labelled with its task, which is its host.
+file (each ``algo-N`` at its node's address) and the host -> node map to the job's directory
+on the shared filesystem, then starts every node's part (``shoal.slurm.node``) with one
+``srun``. The master's mpirun starts its daemons on the other nodes as steps of the job
+(``shoal.slurm.agent``): ranks start through Slurm, never over SSH. Each output line comes
+back labelled with its task, which is its host.
 
 As on SageMaker, a host that ends lets the others finish for ``grace`` seconds (``srun
 --wait``) before Slurm ends them; the supervisor's time-out and stop end the step with SIGTERM
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,10 +26,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from shoal.local.network.hosts import host_environment, make_keys
+from shoal.launcher.mpi import RSH_AGENT_ENV
+from shoal.local.network.hosts import cluster_environment
 from shoal.local.network.namespaces import hosts_text
 
-from . import commands
+from . import agent, commands
 
 TIMED_OUT = 124  # as simulate.run_job: MaxRuntimeInSeconds ran out
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -78,12 +79,12 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
     root = Path(job_root).resolve()
     placed = allocation(environ, hosts)
     (root / "hosts").write_text(hosts_file(hosts, [a for _, _, a in placed]))
-    keys = make_keys(root)
+    agent.write_nodes(root, {h: n for h, n, _ in placed})
     if say:
         say("hosts on the Slurm allocation: " + ", ".join(f"{h} {n} {a}" for h, n, a in placed))
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output else {}
     proc = subprocess.Popen(srun_argv(len(hosts), root, python, grace),
-                            env=host_environment(environ, keys), **pipes)
+                            env=slurm_environment(environ, root, python), **pipes)
     relay = _relay(proc.stdout, list(hosts), output) if output else None
     try:
         return _wait(proc, root, hosts, timeout, failure_grace(environ))
@@ -91,7 +92,14 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
         _end(proc, min(grace, 5.0))
         if relay is not None:
             relay.join(timeout=5)
-        shutil.rmtree(keys, ignore_errors=True)  # the job's keys live as long as the job
+
+
+def slurm_environment(environ: Mapping[str, str], root: Path, python: str) -> dict[str, str]:
+    """The hosts' environment: mpirun reaches the other nodes through the Slurm agent."""
+    env = cluster_environment(environ)
+    env[RSH_AGENT_ENV] = agent.command(python)
+    env[agent.JOB_ROOT_ENV] = str(root)
+    return env
 
 
 def failure_grace(environ: Mapping[str, str]) -> float:

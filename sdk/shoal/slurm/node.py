@@ -4,9 +4,10 @@
 The node is host ``algo-<SLURM_NODEID + 1>``. As a namespaced local host does, it enters mount
 and UTS namespaces of its own, where its hostname is that name, its tree on the shared
 directory is mounted at ``/opt/ml`` and the job's hosts file (every ``algo-N`` and its node's
-address) is its ``/etc/hosts``; it starts its sshd with the job's keys, then ``train``, which
-takes the cluster path: the master waits for its workers and runs mpirun over SSH. It runs in
-a PID namespace of its own, so that nothing it started outlives it.
+address) is its ``/etc/hosts``; it starts ``train``, which takes the cluster path: the master
+waits for its workers and runs mpirun, whose daemons on the other nodes start as steps of the
+job (``shoal.slurm.agent``, which enters these namespaces): no sshd, no SSH. It runs in a PID
+namespace of its own, so that nothing it started outlives it.
 
 Slurm's variables are kept from the launcher (their values move to ``SHOAL_SLURM_JOB_ID`` and
 ``SHOAL_SLURM_NODE``): Open MPI inside a job step would otherwise start its daemons through
@@ -21,6 +22,8 @@ import sys
 from pathlib import Path
 
 from shoal.local.network.hosts import host_script
+
+from . import agent
 
 SLURM_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_")
 
@@ -48,10 +51,12 @@ def main(argv=None) -> int:
               "and needs root on the nodes for it", file=sys.stderr)
         return 1
     host = host_of(os.environ)
-    script = host_script(host, root / host, root / "ssh", sys.executable, root / "hosts")
-    # a PID namespace too: Slurm tracks a step's processes by parentage, and the daemonized
-    # sshd (and what mpirun starts through it) would escape the step and outlive the job;
-    # when the launcher, the namespace's first process, exits, the kernel ends them all
+    script = host_script(host, root / host, sys.executable, hosts_file=root / "hosts")
+    # where the agent finds these namespaces: this process becomes unshare, whose child is
+    # their first process
+    agent.write_pid(root, host, os.getpid())
+    # a PID namespace too: when the launcher, the namespace's first process, exits, the kernel
+    # ends everything started in it, the daemons the agent brought in included
     argv = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
             "private", "/bin/sh", "-c", script]
     os.execvpe(argv[0], argv, launcher_environment(os.environ))

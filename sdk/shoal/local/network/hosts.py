@@ -69,25 +69,34 @@ def ssh_agent(keys: Path) -> str:
             "-o BatchMode=yes -o LogLevel=ERROR")
 
 
-def host_script(host: str, host_tree: Path, keys: Path, python: str,
+def host_script(host: str, host_tree: Path, python: str, *, keys: Path | None = None,
                 hosts_file: Path | None = None) -> str:
     """What runs in a host's namespaces: its hostname, its /opt/ml (and, on a cluster's node,
-    the job's hosts file naming every algo-N), its sshd, then train."""
+    the job's hosts file naming every algo-N), its sshd when mpirun reaches it over SSH
+    (``keys``), then train."""
     mounts = [f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"] if hosts_file else []
+    sshd = ["mkdir -p /run/sshd",
+            f"/usr/sbin/sshd -f {shlex.quote(str(keys / 'sshd_config'))}"] if keys else []
     return "; ".join([
         "set -e",
         f"hostname {shlex.quote(host)}",
         f"mount --bind {shlex.quote(str(host_tree))} {MOUNT_POINT}",
         *mounts,
-        "mkdir -p /run/sshd",
-        f"/usr/sbin/sshd -f {shlex.quote(str(keys / 'sshd_config'))}",
+        *sshd,
         f"exec {shlex.quote(python)} -m shoal.launcher.entrypoint",
     ])
 
 
 def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in SIMULATION_ONLY}
+    env = cluster_environment(base)
     env["OMPI_MCA_plm_rsh_agent"] = ssh_agent(keys)
+    return env
+
+
+def cluster_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The hosts' environment on real (namespaced or cluster) hosts: no simulation switch,
+    and the waits shortened for a machine where nothing is slow to start."""
+    env = {k: v for k, v in base.items() if k not in SIMULATION_ONLY}
     # the master tells its workers the outcome and waits for their acknowledgements; a worker
     # cut off (its link down) never acknowledges, and this runner ends every host once the
     # master is done: a short wait, not SageMaker's minute
@@ -161,7 +170,7 @@ def run_job(job_root: str, hosts: Sequence[str], *, timeout: float | None = None
             else:
                 argv = [*network.exec_prefix(host), "unshare", "--mount", "--uts",
                         "--propagation", "private", "/bin/sh", "-c",
-                        host_script(host, root / host, keys, python)]
+                        host_script(host, root / host, python, keys=keys)]
             procs.append(subprocess.Popen(argv, env=base, **pipes))
             if output:
                 relays.append(simulate.relay_lines(host, procs[-1].stdout, output))

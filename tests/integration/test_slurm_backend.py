@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import shoal
@@ -174,6 +178,99 @@ def test_a_two_node_data_parallel_job_allreduces_across_the_nodes(cluster, tmp_p
     out = __import__("io").StringIO()
     attached.latest_training_job.logs(wait=False, out=out)
     assert "[slurm] Training job completed" in out.getvalue()
+
+
+# MPI itself, not smddp: the smddp glue compiles per user and per interpreter (a minute here)
+USER_RANKS = """
+import json, os, socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank() + 1)
+print("RANK " + json.dumps({
+    "rank": comm.Get_rank(), "host": os.environ["SM_CURRENT_HOST"], "sum": total,
+    "hostname": socket.gethostname(), "step": os.environ.get("SHOAL_SLURM_STEP"),
+    "uid": os.getuid(), "uid_map": open("/proc/self/uid_map").read().split()}), flush=True)
+"""
+USER_DRIVER = """
+import json, sys
+import shoal
+root = sys.argv[1]
+est = shoal.PyTorch(
+    entry_point="train.py", source_dir=root + "/code", role="arn:aws:iam::111122223333:role/R",
+    framework_version="2.0.1", py_version="py310", instance_type="ml.m5.xlarge",
+    instance_count=2, sagemaker_session=shoal.Session(
+        backend="slurm", slurm={"shared_dir": root + "/shared", "python": sys.executable}),
+    distribution={"mpi": {"enabled": True, "processes_per_host": 2}})
+est.fit(wait=False)
+job = est.latest_training_job
+job.wait(logs=None)
+print("JOB " + json.dumps({"log": str(job.paths.log_file), "slurm_id": job.slurm_job_id,
+                           "description": job.describe()}, default=str))
+"""
+
+
+def user_python(folder: Path) -> str:
+    """An interpreter an unprivileged user may run, with this checkout's packages, as a user's
+    own environment on the shared filesystem would be (this machine's lives under /root)."""
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                           "'purelib'))"], capture_output=True, text=True, check=True).stdout.strip()
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    Path(site, "shoal-checkout.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    for name in ("train", "shoal-rank"):  # the launcher's console scripts, for this interpreter
+        script = (Path(sys.executable).parent / name).read_text().split("\n", 1)[1]
+        (folder / "bin" / name).write_text(f"#!{python}\n{script}")
+        (folder / "bin" / name).chmod(0o755)
+    return str(python)
+
+
+SAME_SYSTEM_PYTHON = subprocess.run(
+    ["/usr/bin/python3", "-c", f"import sys; assert sys.version_info[:2] == {sys.version_info[:2]}"],
+    capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not SAME_SYSTEM_PYTHON, reason="needs the system's /usr/bin/python3 at this interpreter's version, "
+                    "for an environment an unprivileged user may run")
+def test_a_users_job_runs_without_root_on_the_nodes():
+    """Submitted by an unprivileged user (nobody): the nodes' parts enter user namespaces of
+    their own, mpirun's daemons join them as steps, and every file is the user's."""
+    nobody = pwd.getpwnam("nobody")
+    root = Path(tempfile.mkdtemp(prefix="shoal-slurm-user-"))
+    try:
+        python = user_python(root / "venv")
+        (root / "code").mkdir()
+        (root / "code" / "train.py").write_text(USER_RANKS)
+        for folder, dirs, files in os.walk(root):
+            for path in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                os.chown(path, nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+        env = {"PATH": f"{root / 'venv' / 'bin'}:/usr/bin:/bin", "HOME": str(root),
+               "LANG": "C.UTF-8"}
+        done = subprocess.run([shutil.which("runuser"), "-u", "nobody", "--", "env",
+                               f"HOME={root}", python, "-c",
+                               USER_DRIVER, str(root)], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        job = json.loads(done.stdout.split("JOB ", 1)[1])
+        log = Path(job["log"]).read_text()
+        assert job["description"]["TrainingJobStatus"] == "Completed", log[-3000:]
+        ranks = [json.loads(line.split("RANK ", 1)[1]) for line in log.splitlines()
+                 if "RANK {" in line]
+        assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+        assert all(r["sum"] == 10.0 for r in ranks)  # across the nodes
+        # every rank is the user, in a user namespace of its own on both nodes (where the
+        # user was root long enough to set the hostname and mount /opt/ml)
+        assert all(r["uid"] == nobody.pw_uid for r in ranks)
+        assert all(r["uid_map"] == [str(nobody.pw_uid), "0", "1"] for r in ranks)
+        assert {r["hostname"] for r in ranks} == {"algo-1", "algo-2"}
+        steps = {r["step"] for r in ranks if r["host"] == "algo-2"}
+        assert len(steps) == 1 and steps.pop().startswith(f"{job['slurm_id']}.")
+        model = Path(job["description"]["ModelArtifacts"]["S3ModelArtifacts"][len("file://"):])
+        assert model.stat().st_uid == nobody.pw_uid
+        assert commands.show(job["slurm_id"]).state == "COMPLETED"
+        wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_failing_rank_fails_the_job_with_its_error(cluster, tmp_path):

@@ -46,6 +46,14 @@ def test_entering_forks_into_the_hosts_pid_namespace_and_keeps_the_daemon_in_the
     assert "--daemonize" not in argv[8] and argv[8].startswith("orted -mca ess")
 
 
+def test_a_users_daemon_joins_the_user_namespace_then_is_the_user_again():
+    argv = agent.enter_argv(1234, ORTED, run_as=(1000, 100))
+    assert argv[:5] == ["nsenter", "--target=1234", "--user", "--preserve-credentials", "--mount"]
+    i = argv.index("--")
+    assert argv[i + 1:i + 5] == ["unshare", "--user", "--map-user=1000", "--map-group=100"]
+    assert argv[i + 5:i + 7] == ["/bin/sh", "-c"]
+
+
 def test_the_namespaces_are_found_as_the_child_of_the_nodes_unshare(tmp_path):
     maker = subprocess.Popen(["unshare", "--fork", "sleep", "30"])  # no namespace: no root
     try:
@@ -69,6 +77,7 @@ def test_a_host_whose_namespaces_are_gone_is_named(tmp_path):
 def test_the_daemon_gets_the_hosts_environment_and_its_step(tmp_path, monkeypatch):
     monkeypatch.setattr(agent, "namespace_process", lambda root, host: 99)
     monkeypatch.setattr(agent, "host_environ", lambda pid: {"SM_CURRENT_HOST": "algo-2"})
+    monkeypatch.setattr(agent, "own_user_namespace", lambda pid: False)
     argv, env = agent.enter(["algo-2", "orted"], {agent.JOB_ROOT_ENV: str(tmp_path),
                                                    "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "3"})
     assert env == {"SM_CURRENT_HOST": "algo-2", agent.STEP_ENV: "41.3"}

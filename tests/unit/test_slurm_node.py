@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from shoal.slurm import hosts, node
 
 
@@ -34,3 +36,32 @@ def test_labelled_lines_go_to_their_host(tmp_path):
     hosts._relay(pipe, ["algo-1", "algo-2"], lambda h, line: seen.append((h, line))).join(5)
     assert seen == [("algo-1", "first"), ("algo-2", "second"),
                     ("algo-1", "srun: error: node2: task 1: Exited")]
+
+
+def test_root_binds_opt_ml_and_runs_train_in_place_of_the_shell(tmp_path):
+    argv, env = node.host_command(tmp_path, "algo-2", {"SLURM_JOB_ID": "5"}, privileged=True,
+                                  opt_ml=True, python="/py")
+    assert argv[:2] == ["unshare", "--mount"] and "--user" not in argv
+    script = argv[-1].split("; ")
+    assert f"mount --bind {tmp_path / 'algo-2'} /opt/ml" in script
+    assert f"mount --bind {tmp_path / 'hosts'} /etc/hosts" in script
+    assert script[-1] == "exec /py -m shoal.launcher.entrypoint"
+    assert "SAGEMAKER_BASE_DIR" not in env and env["SHOAL_SLURM_JOB_ID"] == "5"
+
+
+def test_a_user_is_root_in_a_user_namespace_to_mount_then_runs_train_as_the_user(tmp_path):
+    argv, env = node.host_command(tmp_path, "algo-2", {}, privileged=False, opt_ml=True,
+                                  python="/py")
+    assert argv[:3] == ["unshare", "--user", "--map-root-user"]
+    script = argv[-1].split("; ")
+    assert f"mount --bind {tmp_path / 'algo-2'} /opt/ml" in script
+    # the shell stays in the namespaces' user namespace for the agent; train is the user
+    assert script[-1] == (f"unshare --user --map-user={os.getuid()} --map-group={os.getgid()} "
+                          "/py -m shoal.launcher.entrypoint")
+
+
+def test_a_user_on_a_node_without_opt_ml_gets_the_tree_by_sagemaker_base_dir(tmp_path):
+    argv, env = node.host_command(tmp_path, "algo-2", {}, privileged=False, opt_ml=False,
+                                  python="/py")
+    assert not any("/opt/ml" in step for step in argv[-1].split("; "))
+    assert env["SAGEMAKER_BASE_DIR"] == str(tmp_path / "algo-2")

@@ -10,8 +10,9 @@ ssh, ``agent <host> <orted command...>``; the agent runs
 a step of the job's own allocation (``--overlap``: the hosts' step holds every CPU), which
 Slurm tracks, accounts and ends with the job. On the node, ``--enter`` joins that host's mount,
 UTS and PID namespaces (those ``shoal.slurm.node`` made: its ``/opt/ml``, its hostname
-``algo-N``, its processes) with ``nsenter`` and runs the daemon there in the host's own
-environment, as a login over SSH would. The daemon then dies with the host's launcher.
+``algo-N``, its processes; and their user namespace in a user's job) with ``nsenter`` and runs
+the daemon there in the host's own environment, as a login over SSH would. The daemon then
+dies with the host's launcher.
 
 The node's part records where its namespaces are: ``<job-dir>/nodes/<host>.pid`` holds the
 pid (on that node) of the process that made them (``unshare``), whose one child is the
@@ -31,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from shoal.launcher.simulate import remote_command
+from shoal.local.network.hosts import as_user
 
 JOB_ROOT_ENV = "SHOAL_SLURM_JOB_ROOT"
 JOB_ID_ENV = "SHOAL_SLURM_JOB_ID"
@@ -106,10 +108,20 @@ def host_environ(pid: int) -> dict[str, str]:
     return dict(psutil.Process(pid).environ())
 
 
-def enter_argv(pid: int, words: Sequence[str]) -> list[str]:
-    """nsenter forks into the PID namespace, so the daemon is one of the host's processes."""
-    return ["nsenter", f"--target={pid}", "--mount", "--uts", "--pid", "--",
+def enter_argv(pid: int, words: Sequence[str], *, run_as: tuple[int, int] | None = None
+               ) -> list[str]:  # fmt: skip
+    """nsenter forks into the PID namespace, so the daemon is one of the host's processes. A
+    user's job made its namespaces in a user namespace (``run_as``: the user's uid, gid): the
+    daemon joins it, then is the user again, as the host's launcher is."""
+    joins = ["--user", "--preserve-credentials"] if run_as else []
+    user = as_user(run_as).split() if run_as else []
+    return ["nsenter", f"--target={pid}", *joins, "--mount", "--uts", "--pid", "--", *user,
             "/bin/sh", "-c", " ".join(remote_command(words, None))]
+
+
+def own_user_namespace(pid: int) -> bool:
+    """Whether ``pid`` is in a user namespace other than this process's."""
+    return os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino
 
 
 def enter(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -120,7 +132,8 @@ def enter(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], d
     pid = namespace_process(Path(root), host)
     env = host_environ(pid)
     env[STEP_ENV] = f"{environ.get('SLURM_JOB_ID', '')}.{environ.get('SLURM_STEP_ID', '')}"
-    return enter_argv(pid, words), env
+    run_as = (os.getuid(), os.getgid()) if own_user_namespace(pid) else None
+    return enter_argv(pid, words, run_as=run_as), env
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,17 +11,23 @@ namespace of its own, so that nothing it started outlives it.
 
 Slurm's variables are kept from the launcher (their values move to ``SHOAL_SLURM_JOB_ID`` and
 ``SHOAL_SLURM_NODE``): Open MPI inside a job step would otherwise start its daemons through
-Slurm, in a step that cannot get the busy nodes, and block. Entering the namespaces needs
-root on the node (the local Slurm cluster runs its jobs as root).
+Slurm, in a step that cannot get the busy nodes, and block.
+
+Jobs need not run as root. A user's job enters a user namespace first (``unshare --user
+--map-root-user``, which unprivileged users may on current kernels), where it may set its
+hostname and bind its mounts, then runs ``train`` as the user again (``host_script``'s
+``run_as``); if the node has no ``/opt/ml`` to bind onto (only root could make one), the host's
+tree is named by ``SAGEMAKER_BASE_DIR`` instead, as the launcher allows.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from shoal.local.network.hosts import host_script
+from shoal.local.network.hosts import MOUNT_POINT, host_script
 
 from . import agent
 
@@ -39,27 +45,43 @@ def launcher_environment(environ) -> dict[str, str]:
     return env
 
 
+def unshare_argv(privileged: bool) -> list[str]:
+    """A PID namespace too: when the launcher, the namespace's first process, exits, the kernel
+    ends everything started in it, the daemons the agent brought in included (pure)."""
+    user = [] if privileged else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--uts", "--pid", "--fork", "--mount-proc",
+            "--propagation", "private"]
+
+
+def host_command(root: Path, host: str, environ: Mapping[str, str], *, privileged: bool,
+                 opt_ml: bool, python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
+    """What the node's part execs, and its environment (pure)."""
+    env = launcher_environment(environ)
+    mount_tree = privileged or opt_ml
+    if not mount_tree:
+        env["SAGEMAKER_BASE_DIR"] = str(root / host)
+    script = host_script(host, root / host, python, hosts_file=root / "hosts",
+                         mount_tree=mount_tree,
+                         run_as=None if privileged else (os.getuid(), os.getgid()))
+    return [*unshare_argv(privileged), "/bin/sh", "-c", script], env
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m shoal.slurm.node <job-dir>", file=sys.stderr)
         return 2
     root = Path(args[0])
-    if os.geteuid() != 0:
-        print(f"{os.environ.get('SLURMD_NODENAME', 'this node')}: Shoal's Slurm backend runs "
-              "each host in mount and UTS namespaces of its own (its /opt/ml, its algo-N names) "
-              "and needs root on the nodes for it", file=sys.stderr)
-        return 1
     host = host_of(os.environ)
-    script = host_script(host, root / host, sys.executable, hosts_file=root / "hosts")
+    privileged = os.geteuid() == 0
+    if privileged:
+        os.makedirs(MOUNT_POINT, exist_ok=True)
+    command, env = host_command(root, host, os.environ, privileged=privileged,
+                                opt_ml=os.path.isdir(MOUNT_POINT))
     # where the agent finds these namespaces: this process becomes unshare, whose child is
     # their first process
     agent.write_pid(root, host, os.getpid())
-    # a PID namespace too: when the launcher, the namespace's first process, exits, the kernel
-    # ends everything started in it, the daemons the agent brought in included
-    argv = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation",
-            "private", "/bin/sh", "-c", script]
-    os.execvpe(argv[0], argv, launcher_environment(os.environ))
+    os.execvpe(command[0], command, env)
     return 1  # not reached
 
 

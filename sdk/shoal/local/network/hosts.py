@@ -70,21 +70,33 @@ def ssh_agent(keys: Path) -> str:
 
 
 def host_script(host: str, host_tree: Path, python: str, *, keys: Path | None = None,
-                hosts_file: Path | None = None) -> str:
-    """What runs in a host's namespaces: its hostname, its /opt/ml (and, on a cluster's node,
-    the job's hosts file naming every algo-N), its sshd when mpirun reaches it over SSH
-    (``keys``), then train."""
-    mounts = [f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"] if hosts_file else []
+                hosts_file: Path | None = None, mount_tree: bool = True,
+                run_as: tuple[int, int] | None = None) -> str:
+    """What runs in a host's namespaces: its hostname, its /opt/ml (unless the tree is named
+    by ``SAGEMAKER_BASE_DIR`` instead; and, on a cluster's node, the job's hosts file naming
+    every algo-N), its sshd when mpirun reaches it over SSH (``keys``), then train.
+
+    ``run_as`` (uid, gid): the namespaces belong to a user namespace where an unprivileged
+    user is root; train runs as that user again, in a user namespace of its own (Slurm's
+    commands refuse a job step from a "root" that its credential says is the user). The shell
+    stays, the namespaces' first process, for the Slurm agent to enter."""
+    mounts = [f"mount --bind {shlex.quote(str(host_tree))} {MOUNT_POINT}"] if mount_tree else []
+    mounts += [f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts"] if hosts_file else []
     sshd = ["mkdir -p /run/sshd",
             f"/usr/sbin/sshd -f {shlex.quote(str(keys / 'sshd_config'))}"] if keys else []
     return "; ".join([
         "set -e",
         f"hostname {shlex.quote(host)}",
-        f"mount --bind {shlex.quote(str(host_tree))} {MOUNT_POINT}",
         *mounts,
         *sshd,
+        f"{as_user(run_as)} {shlex.quote(python)} -m shoal.launcher.entrypoint" if run_as else
         f"exec {shlex.quote(python)} -m shoal.launcher.entrypoint",
     ])
+
+
+def as_user(run_as: tuple[int, int]) -> str:
+    """The command prefix that maps this user namespace's root back to the user (pure)."""
+    return f"unshare --user --map-user={run_as[0]} --map-group={run_as[1]}"
 
 
 def host_environment(base: Mapping[str, str], keys: Path) -> dict[str, str]:

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.shoal-installed
 # the slowest tests are listed at the end of every run: where CI's time goes
 PYTEST_ARGS ?= --durations=60
 
-.PHONY: all demo test unit integration benchmarks bench-serve slurm-up slurm-down torch-suite stress-failures stress-faults lint system venv clean
+.PHONY: all demo test test-matrix unit integration benchmarks bench-serve slurm-up slurm-down torch-suite stress-failures stress-faults lint system venv clean
 
 all: test
 
@@ -36,11 +36,22 @@ demo: venv
 	$(PY) examples/demo/run_demo.py
 
 # pytest exits 5 when it collects nothing: that is not a failure of the suite.
+# The unit tests run on every core (pytest-xdist); the rest one at a time (they time jobs and
+# faults, and load the cores themselves), without the matrix and stress cases (see below).
+TEST_WORKERS ?= auto
 test: venv
-	$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	@$(PY) -m pytest -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS); u=$$?; [ $$u -eq 5 ] && u=0; \
+	$(PY) -m pytest tests/integration tests/faults -m "not matrix and not stress" $(PYTEST_ARGS); \
+	r=$$?; [ $$r -eq 5 ] && r=0; echo "make test: unit tests exit $$u, the rest exit $$r"; \
+	[ $$u -eq 0 ] && [ $$r -eq 0 ]
+
+# The configurations make test leaves out (tests/conftest.py's MATRIX): other combinations of
+# degrees, ranks and hosts of cases it runs.
+test-matrix: venv
+	$(PY) -m pytest tests -m matrix $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 unit: venv
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 integration: venv
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
@@ -93,13 +104,14 @@ torch-suite: venv $(TORCH_SUITE_DEPS)/.installed
 # The failure tests, STRESS_RUNS times each beside two busy loops (every core taken):
 # killed ranks on every host and in groups, a peer that exits right after completing, the
 # local CLI's failing script, a model-parallel job whose script raises (ended within 15 s,
-# the raising rank named). Prints the pass count; not part of `make test` (minutes).
+# the raising rank named), and 15 consecutive 2x2 jobs on loaded cores (marked stress: the
+# only one make test leaves out). Prints the pass count; not part of `make test` (minutes).
 # One of them alone: make stress-failures STRESS_TESTS=tests/integration/test_modelparallel_failures.py
 STRESS_RUNS ?= 50
 STRESS_TESTS ?= tests/integration/test_collectives_failures.py \
 	"tests/integration/test_torch_backend.py::test_a_dead_rank_fails_the_others_with_shoal_errors" \
 	"tests/integration/test_local_cli.py::test_a_failing_script_exits_1_with_its_root_cause" \
-	tests/integration/test_modelparallel_failures.py
+	tests/integration/test_modelparallel_failures.py tests/integration/test_launcher_stress.py
 
 stress-failures: venv
 	@sh -c 'while :; do :; done' & b1=$$!; sh -c 'while :; do :; done' & b2=$$!; \

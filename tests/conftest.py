@@ -21,3 +21,34 @@ def fake_aws_credentials(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(home / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+# More configurations of a case that `make test` runs in others (the same code paths, another
+# combination of degrees, ranks or hosts): `make test-matrix` runs them, `make test` leaves them
+# out to keep CI within its time. Each line names the configurations CI keeps.
+MATRIX = {
+    # kept: pp2-dp1 interleaved mb1 and mb8, pp4-dp1 interleaved manual, pp2-dp2 simple spread
+    "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
+    "pp2-dp1-simple-mb4-manual]",
+    "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
+    "pp4-dp1-simple-mb8-auto]",
+    "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
+    "pp2-dp2-interleaved-mb2-auto]",
+    # kept: the pipeline x data checkpoint (the tensor x reduced-data one: make test-matrix)
+    "tests/integration/test_modelparallel_optimizer_sharding.py::"
+    "test_partial_checkpoint_resumes_bit_exact[tp2-rdp2-bf16]",
+    # kept: 2 ranks on one host, 4 ranks on two simulated hosts
+    "tests/integration/test_collectives_groups.py::test_groups_on_one_host[3]",
+    "tests/integration/test_collectives_groups.py::test_groups_on_one_host[4]",
+    # kept: 4 ranks on two simulated hosts
+    "tests/integration/test_tensorflow_dataparallel.py::"
+    "test_collectives_and_training_match_numpy_and_one_process[2-1]",
+    # kept: the TensorFlow example on two hosts
+    "tests/integration/test_examples.py::test_example_runs_locally[tensorflow-1]",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in MATRIX:
+            item.add_marker(pytest.mark.matrix)

@@ -19,6 +19,7 @@ from tests.integration.test_launcher_jobs import HOSTS, WRITE_RANK, make_job
 pytestmark = [
     pytest.mark.mpi,
     pytest.mark.slow,
+    pytest.mark.stress,
     pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI's mpirun is not installed"),
 ]
 

@@ -60,6 +60,10 @@ def test_the_namespaces_are_found_as_the_child_of_the_nodes_unshare(tmp_path):
         agent.write_pid(tmp_path, "algo-2", maker.pid)
         pid = agent.namespace_process(tmp_path, "algo-2", timeout=10)
         assert psutil.Process(pid).ppid() == maker.pid
+        # the child may not have exec'd yet: the pid is what the agent needs, and it becomes sleep
+        deadline = time.monotonic() + 10
+        while psutil.Process(pid).cmdline()[0] != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert psutil.Process(pid).cmdline()[0] == "sleep"
     finally:
         maker.kill()

@@ -27,7 +27,7 @@ def test_one_whole_node_per_instance_in_the_instance_types_partition(tmp_path):
     text = batch.script(request(), tmp_path / "my-job-1", settings)
     assert directives(text) == [
         "--job-name=my-job-1", "--nodes=4", "--ntasks-per-node=1", "--exclusive",
-        "--time=75",  # an hour of training and 15 minutes to upload
+        "--wait-all-nodes=1", "--time=75",  # an hour of training and 15 minutes to upload
         f"--output={tmp_path}/my-job-1/logs.txt", "--open-mode=append",
         f"--chdir={tmp_path}/my-job-1", "--comment=shoal-training-job", "--no-requeue",
         "--partition=p4d", "--account=acct", "--constraint=efa"]

@@ -61,8 +61,11 @@ def directives(request: dict, job_dir: Path, settings: SlurmSettings) -> list[st
     if any(c.isspace() for c in str(job_dir)):
         raise ConfigError(f"the job's directory may not contain spaces for Slurm ({job_dir}): "
                           "choose a shared_dir without them")
+    # --wait-all-nodes: the script starts once every node has booted (a cloud or power-saving
+    # partition's nodes come up one by one; the hosts' srun would otherwise wait on them)
     options = [f"--job-name={request['TrainingJobName']}", f"--nodes={node_count(request)}",
-               "--ntasks-per-node=1", "--exclusive", f"--time={time_limit_minutes(request)}",
+               "--ntasks-per-node=1", "--exclusive", "--wait-all-nodes=1",
+               f"--time={time_limit_minutes(request)}",
                f"--output={job_dir / 'logs.txt'}", "--open-mode=append", f"--chdir={job_dir}",
                "--comment=shoal-training-job",
                "--requeue" if _checkpoints(request) else "--no-requeue"]

@@ -406,6 +406,72 @@ def test_a_requeued_job_restarts_from_its_checkpoints_and_completes(cluster, tmp
     wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
 
 
+S3_RANKS = """
+import json, os
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+ckpt = sorted(os.listdir("/opt/ml/checkpoints"))
+print("RANK " + json.dumps({"rank": comm.Get_rank(), "host": os.environ["SM_CURRENT_HOST"],
+                            "train": sorted(os.listdir(os.environ["SM_CHANNEL_TRAIN"])),
+                            "ckpt": ckpt, "secrets": [k for k in os.environ
+                                                      if k.startswith("AWS_SECRET")]}), flush=True)
+if comm.Get_rank() == 0:
+    open("/opt/ml/checkpoints/step-1.txt", "w").write("seen:" + ",".join(ckpt))
+    open(os.path.join(os.environ["SM_MODEL_DIR"], "model.txt"), "w").write("ok")
+"""
+
+
+def test_s3_channels_output_and_checkpoints_through_an_s3_server_the_nodes_reach(
+        cluster, tmp_path, monkeypatch):
+    """s3:// input, output_path and checkpoint_s3_uri on the cluster: a local S3 server on the
+    cluster's bridge, which the nodes reach as they would reach S3. The nodes take credentials
+    from a shared credentials file: the submitter's secret variables stay out of the job."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address=devcluster.CONTROLLER_ADDRESS, port=0)
+    server.start()
+    try:
+        url = "http://{}:{}".format(*server.get_host_and_port())
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)  # exported to the job by sbatch
+        Path(os.environ["AWS_SHARED_CREDENTIALS_FILE"]).write_text(
+            "[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-west-2")
+        s3.create_bucket(Bucket="data-bkt",
+                         CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        s3.put_object(Bucket="data-bkt", Key="train/a.csv", Body=b"1\n")
+        s3.put_object(Bucket="data-bkt", Key="train/sub/b.csv", Body=b"2\n")
+        s3.put_object(Bucket="data-bkt", Key="ckpt/step-0.txt", Body=b"old")
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "train.py").write_text(S3_RANKS)
+        session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
+        est = shoal.PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
+                            framework_version="2.0.1", py_version="py310",
+                            instance_type="ml.m5.xlarge", instance_count=2,
+                            sagemaker_session=session, output_path="s3://data-bkt/out",
+                            checkpoint_s3_uri="s3://data-bkt/ckpt",
+                            distribution={"mpi": {"enabled": True, "processes_per_host": 1}})
+        est.fit({"train": "s3://data-bkt/train"}, wait=False)
+        job = est.latest_training_job
+        description = job.wait(logs=None)
+        log = job.paths.log_file.read_text()
+        assert description["TrainingJobStatus"] == "Completed", log[-3000:]
+        ranks = [json.loads(line.split("RANK ", 1)[1]) for line in log.splitlines()
+                 if "RANK {" in line]
+        # every host got the channel and the checkpoints restored before it started
+        assert {r["host"] for r in ranks} == {"algo-1", "algo-2"}
+        assert all(r["train"] == ["a.csv", "sub"] and r["ckpt"] == ["step-0.txt"] for r in ranks)
+        assert all(r["secrets"] == [] for r in ranks)  # the submitter's stayed here
+        assert est.model_data == f"s3://data-bkt/out/{job.name}/output/model.tar.gz"
+        s3.head_object(Bucket="data-bkt", Key=f"out/{job.name}/output/model.tar.gz")
+        saved = s3.get_object(Bucket="data-bkt", Key="ckpt/step-1.txt")["Body"].read()
+        assert saved == b"seen:step-0.txt"
+        wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
+    finally:
+        server.stop()
+
+
 def test_a_pipeline_by_data_parallel_smp_job_trains_across_the_nodes(cluster, tmp_path):
     """The SMP v1 example, pipeline 2 x data parallel 2 on 2 nodes x 2 processes: the loss
     falls well below guessing's and the archive holds one file per partition."""

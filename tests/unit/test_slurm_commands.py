@@ -53,6 +53,25 @@ def test_sbatch_gives_the_id_and_its_errors_verbatim(monkeypatch, tmp_path):
         commands.sbatch(tmp_path / "s.sh")
 
 
+def test_sbatch_exports_the_environment_but_aws_secrets(monkeypatch, tmp_path):
+    seen = {}
+
+    def run(argv, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "7\n", "")
+
+    monkeypatch.setattr(commands.subprocess, "run", run)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "t0k3n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/shared/home/.aws/credentials")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert commands.sbatch(tmp_path / "s.sh") == "7"
+    assert "AWS_SECRET_ACCESS_KEY" not in seen and "AWS_SESSION_TOKEN" not in seen
+    assert "AWS_ACCESS_KEY_ID" not in seen
+    assert seen["AWS_SHARED_CREDENTIALS_FILE"] == "/shared/home/.aws/credentials"
+    assert seen["AWS_DEFAULT_REGION"] == "us-west-2" and "PATH" in seen
+
+
 def test_missing_commands_say_what_to_install(monkeypatch):
     def missing(argv, **_):
         raise FileNotFoundError(argv[0])

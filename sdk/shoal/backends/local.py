@@ -163,6 +163,8 @@ def _dumps(data) -> str:
 class LocalTrainingJob:
     """A local job: ``describe()``, ``wait(logs)``, ``logs()``, ``stop()``, ``model_data``."""
 
+    kind = "local"  # how errors name the job
+
     def __init__(self, name: str, paths: layout.JobPaths, runner=None):
         self.name = self.job_name = name
         self.paths = paths
@@ -245,7 +247,7 @@ class LocalTrainingJob:
                         time.sleep(POLL_SECONDS)
         except KeyboardInterrupt:
             self.stop(wait=True)
-            raise Interrupted(f"interrupted: local job {self.name} was stopped") from None
+            raise Interrupted(f"interrupted: {self.kind} job {self.name} was stopped") from None
         self._reap()
         description = self.describe()
         from shoal.follow import as_output, closing_lines
@@ -257,10 +259,10 @@ class LocalTrainingJob:
         status = description["TrainingJobStatus"]
         if status == "Failed":
             reason = description.get("FailureReason")
-            raise JobFailedError(f"local job {self.name} failed: {reason}", job_name=self.name,
+            raise JobFailedError(f"{self.kind} job {self.name} failed: {reason}", job_name=self.name,
                                  status=status, reason=reason)
         if status == "Stopped":
-            raise JobStoppedError(f"local job {self.name} was stopped", job_name=self.name,
+            raise JobStoppedError(f"{self.kind} job {self.name} was stopped", job_name=self.name,
                                   status=status)
         return description
 

@@ -59,6 +59,8 @@ class SlurmBackend:
 class SlurmTrainingJob(local.LocalTrainingJob):
     """A Slurm job: the local job's files, and Slurm's state where they cannot tell."""
 
+    kind = "Slurm"
+
     def __init__(self, name: str, paths: layout.JobPaths, runner=None):
         super().__init__(name, paths, None)
         self._queried: tuple[float, states.SlurmJob | None] | None = None

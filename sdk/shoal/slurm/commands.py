@@ -4,12 +4,19 @@ to submit, ``scontrol show job -o`` for a job's state while slurmctld keeps its 
 clusters without slurmdbd keep) for an older job, ``scancel`` to stop one.
 
 Every call has a time-out and fails with ``SlurmError`` carrying the command's own message.
+
+``sbatch`` exports the submitter's environment to the job (Slurm's default) but for AWS
+secrets: Slurm keeps a job's environment in its state files and hands it to every step, and
+the nodes take credentials as SageMaker's instances do, from their own chain (an instance
+role, a shared ``~/.aws``, ``AWS_SHARED_CREDENTIALS_FILE``; the file paths do travel).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from shoal.errors import ConfigError
@@ -18,15 +25,23 @@ from .states import SlurmJob
 
 TIMEOUT = 30.0
 _FIELD = re.compile(r"(\w+)=(\S*)")
+_SECRET = re.compile(r"^AWS_.*(SECRET|KEY|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What sbatch exports to the job: the environment less AWS secrets (pure)."""
+    return {k: v for k, v in environ.items()
+            if not _SECRET.match(k) or k.endswith("_FILE")}
 
 
 class SlurmError(ConfigError):
     """A Slurm command failed, or Slurm is not installed here."""
 
 
-def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def _run(argv: list[str], check: bool = True, env: Mapping[str, str] | None = None
+         ) -> subprocess.CompletedProcess:  # fmt: skip
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} is not installed here: the Slurm backend needs the "
                          "cluster's client commands (Debian: slurm-client)") from None
@@ -40,7 +55,8 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
 
 def sbatch(script: Path) -> str:
     """Submits the batch script; the job's id."""
-    out = _run(["sbatch", "--parsable", str(script)]).stdout.strip()
+    out = _run(["sbatch", "--parsable", str(script)],
+               env=job_environment(os.environ)).stdout.strip()
     job_id = out.split(";")[0]  # "<id>" or "<id>;<cluster>"
     if not job_id.isdigit():
         raise SlurmError(f"sbatch answered {out!r}, not a job id")

@@ -36,11 +36,12 @@ demo: venv
 	$(PY) examples/demo/run_demo.py
 
 # pytest exits 5 when it collects nothing: that is not a failure of the suite.
-# The unit tests run on every core (pytest-xdist); the rest one at a time (they time jobs and
-# faults, and load the cores themselves), without the matrix and stress cases (see below).
+# The unit tests run on every core (pytest-xdist, a file per worker at a time: a file whose
+# fixture builds the torch glue holds one worker, not all); the rest one at a time (they time
+# jobs and faults, and load the cores themselves), without the matrix and stress cases.
 TEST_WORKERS ?= auto
 test: venv
-	@$(PY) -m pytest -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS); u=$$?; [ $$u -eq 5 ] && u=0; \
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit $(PYTEST_ARGS); u=$$?; [ $$u -eq 5 ] && u=0; \
 	$(PY) -m pytest tests/integration tests/faults -m "not matrix and not stress" $(PYTEST_ARGS); \
 	r=$$?; [ $$r -eq 5 ] && r=0; echo "make test: unit tests exit $$u, the rest exit $$r"; \
 	[ $$u -eq 0 ] && [ $$r -eq 0 ]
@@ -51,7 +52,7 @@ test-matrix: venv
 	$(PY) -m pytest tests -m matrix $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 unit: venv
-	$(PY) -m pytest -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 integration: venv
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -433,15 +434,17 @@ def test_s3_channels_output_and_checkpoints_through_an_s3_server_the_nodes_reach
     server.start()
     try:
         url = "http://{}:{}".format(*server.get_host_and_port())
+        # moto's state is the process's: other tests' servers may have made buckets already
+        bucket = f"slurm-{uuid.uuid4().hex[:12]}"
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)  # exported to the job by sbatch
         Path(os.environ["AWS_SHARED_CREDENTIALS_FILE"]).write_text(
             "[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
         s3 = boto3.client("s3", endpoint_url=url, region_name="us-west-2")
-        s3.create_bucket(Bucket="data-bkt",
+        s3.create_bucket(Bucket=bucket,
                          CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-        s3.put_object(Bucket="data-bkt", Key="train/a.csv", Body=b"1\n")
-        s3.put_object(Bucket="data-bkt", Key="train/sub/b.csv", Body=b"2\n")
-        s3.put_object(Bucket="data-bkt", Key="ckpt/step-0.txt", Body=b"old")
+        s3.put_object(Bucket=bucket, Key="train/a.csv", Body=b"1\n")
+        s3.put_object(Bucket=bucket, Key="train/sub/b.csv", Body=b"2\n")
+        s3.put_object(Bucket=bucket, Key="ckpt/step-0.txt", Body=b"old")
         code = tmp_path / "code"
         code.mkdir()
         (code / "train.py").write_text(S3_RANKS)
@@ -449,10 +452,10 @@ def test_s3_channels_output_and_checkpoints_through_an_s3_server_the_nodes_reach
         est = shoal.PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
                             framework_version="2.0.1", py_version="py310",
                             instance_type="ml.m5.xlarge", instance_count=2,
-                            sagemaker_session=session, output_path="s3://data-bkt/out",
-                            checkpoint_s3_uri="s3://data-bkt/ckpt",
+                            sagemaker_session=session, output_path=f"s3://{bucket}/out",
+                            checkpoint_s3_uri=f"s3://{bucket}/ckpt",
                             distribution={"mpi": {"enabled": True, "processes_per_host": 1}})
-        est.fit({"train": "s3://data-bkt/train"}, wait=False)
+        est.fit({"train": f"s3://{bucket}/train"}, wait=False)
         job = est.latest_training_job
         description = job.wait(logs=None)
         log = job.paths.log_file.read_text()
@@ -463,9 +466,9 @@ def test_s3_channels_output_and_checkpoints_through_an_s3_server_the_nodes_reach
         assert {r["host"] for r in ranks} == {"algo-1", "algo-2"}
         assert all(r["train"] == ["a.csv", "sub"] and r["ckpt"] == ["step-0.txt"] for r in ranks)
         assert all(r["secrets"] == [] for r in ranks)  # the submitter's stayed here
-        assert est.model_data == f"s3://data-bkt/out/{job.name}/output/model.tar.gz"
-        s3.head_object(Bucket="data-bkt", Key=f"out/{job.name}/output/model.tar.gz")
-        saved = s3.get_object(Bucket="data-bkt", Key="ckpt/step-1.txt")["Body"].read()
+        assert est.model_data == f"s3://{bucket}/out/{job.name}/output/model.tar.gz"
+        s3.head_object(Bucket=bucket, Key=f"out/{job.name}/output/model.tar.gz")
+        saved = s3.get_object(Bucket=bucket, Key="ckpt/step-1.txt")["Body"].read()
         assert saved == b"seen:step-0.txt"
         wait_until(lambda: not node_processes(), 30, f"nothing left: {node_processes()}")
     finally:

@@ -44,6 +44,7 @@ def factory(tmp_path):
     return str(path)
 
 
+@pytest.mark.serial  # a speed measured beside another worker's tests is that worker's too
 def test_a_block_slower_than_its_flops_gets_a_lower_speed(factory):
     dense = profile_factory(f"{factory}:dense", (64, 512), measure_blocks=True)
     busy = profile_factory(f"{factory}:busy", (64, 512), measure_blocks=True)

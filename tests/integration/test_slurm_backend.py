@@ -78,10 +78,10 @@ def no_jobs_left(cluster):
                                           text=True).stdout.strip(), 60, "the queue empties")
 
 
-def estimator(tmp_path, mode: str = "", **kwargs):
+def estimator(tmp_path, mode: str = "", script: str = RANKS, **kwargs):
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
-    (code / "train.py").write_text(RANKS)
+    (code / "train.py").write_text(script)
     session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
     args = {"entry_point": "train.py", "source_dir": str(code), "role": ROLE,
             "framework_version": "2.0.1", "py_version": "py310", "instance_type": "ml.m5.xlarge",
@@ -445,16 +445,9 @@ def test_s3_channels_output_and_checkpoints_through_an_s3_server_the_nodes_reach
         s3.put_object(Bucket=bucket, Key="train/a.csv", Body=b"1\n")
         s3.put_object(Bucket=bucket, Key="train/sub/b.csv", Body=b"2\n")
         s3.put_object(Bucket=bucket, Key="ckpt/step-0.txt", Body=b"old")
-        code = tmp_path / "code"
-        code.mkdir()
-        (code / "train.py").write_text(S3_RANKS)
-        session = shoal.Session(backend="slurm", slurm={"shared_dir": str(tmp_path / "shared")})
-        est = shoal.PyTorch(entry_point="train.py", source_dir=str(code), role=ROLE,
-                            framework_version="2.0.1", py_version="py310",
-                            instance_type="ml.m5.xlarge", instance_count=2,
-                            sagemaker_session=session, output_path=f"s3://{bucket}/out",
-                            checkpoint_s3_uri=f"s3://{bucket}/ckpt",
-                            distribution={"mpi": {"enabled": True, "processes_per_host": 1}})
+        est = estimator(tmp_path, script=S3_RANKS, output_path=f"s3://{bucket}/out",
+                        checkpoint_s3_uri=f"s3://{bucket}/ckpt",
+                        distribution={"mpi": {"enabled": True, "processes_per_host": 1}})
         est.fit({"train": f"s3://{bucket}/train"}, wait=False)
         job = est.latest_training_job
         description = job.wait(logs=None)

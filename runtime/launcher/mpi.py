@@ -44,7 +44,7 @@ DATAPARALLEL_SERVER_PORT = 7592
 RANK_WRAPPER = "shoal-rank"
 RSH_AGENT_ENV = "SHOAL_RSH_AGENT"
 
-_CREDENTIAL = re.compile(r"^AWS_.*(SECRET|KEY|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+CREDENTIAL = re.compile(r"^AWS_.*(SECRET|KEY|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 
 
 @attrs.frozen
@@ -64,7 +64,7 @@ def _split_credentials(tokens: list[str]) -> tuple[list[str], list[str]]:
         tok = tokens[i]
         if tok in ("-x", "--x") and i + 1 < len(tokens):
             name = tokens[i + 1].split("=", 1)[0]
-            if _CREDENTIAL.match(name):
+            if CREDENTIAL.match(name):
                 dropped.append(name)
                 i += 2
                 continue
@@ -159,7 +159,7 @@ def mpi_argv(plan: MpiPlan, command: Sequence[str]) -> list[str]:
     argv += list(options.extra)
     argv += _efa_tokens(plan.instance_type, provider=True)
     for name in plan.env_names:
-        if not _CREDENTIAL.match(name):
+        if not CREDENTIAL.match(name):
             argv += ["-x", name]
     return argv + _tail(plan, command)
 

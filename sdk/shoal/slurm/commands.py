@@ -20,18 +20,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from shoal.errors import ConfigError
+from shoal.launcher.mpi import CREDENTIAL
 
 from .states import SlurmJob
 
 TIMEOUT = 30.0
 _FIELD = re.compile(r"(\w+)=(\S*)")
-_SECRET = re.compile(r"^AWS_.*(SECRET|KEY|TOKEN|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 
 
 def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """What sbatch exports to the job: the environment less AWS secrets (pure)."""
     return {k: v for k, v in environ.items()
-            if not _SECRET.match(k) or k.endswith("_FILE")}
+            if not CREDENTIAL.match(k) or k.endswith("_FILE")}
 
 
 class SlurmError(ConfigError):

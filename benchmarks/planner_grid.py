@@ -156,10 +156,13 @@ def profile(model: str):
     spec = TransformerSpec(layers=GPT["layers"], hidden=GPT["hidden"], heads=GPT["heads"],
                            seq=GPT["seq"], vocab=GPT["vocab"], tied=False)
     prof = spec.profile()
-    # the grid's embedding and head are plain modules: replicated under tensor parallelism
+    # the grid's embedding and head are plain modules: replicated under tensor parallelism;
+    # the model returns its logits (2 bytes per element in the profile's unit) and the step
+    # function computes the loss
     layers = [layer if layer.repeated else attrs.evolve(
         layer, split=False, tp_comm=0.0, act_kept=layer.act_kept + layer.act_split,
         act_split=0.0) for layer in prof.layers]
+    layers[-1] = attrs.evolve(layers[-1], boundary=2 * GPT["seq"] * GPT["vocab"])
     return attrs.evolve(prof, layers=layers)
 
 
@@ -363,7 +366,7 @@ def regrade(args, saved: dict) -> tuple[list, object]:
             rows.append({**row, "predicted_seconds": e.step_seconds,
                          "predicted_memory": e.memory_bytes + row["reserve"]})
         results.append(summarize(old["model"], rows, old["budget"], planned(
-            args, prof, calibration, old["budget"] - largest)))
+            args, prof, calibration, usable(old["budget"]) - largest)))
     return results, calibration
 
 
@@ -401,7 +404,8 @@ def grid(args, model: str, calibration) -> dict:
     budget = args.budget_fraction * max(r["memory"] for r in ok) if ok else 0.0
     # the planner prices model memory; the runtime's own (largest layout's) comes off first
     largest = max(RESERVES.values(), default=0.0)
-    return summarize(model, rows, budget, planned(args, prof, calibration, budget - largest))
+    return summarize(model, rows, budget, planned(args, prof, calibration,
+                                                  usable(budget) - largest))
 
 
 def combine(runs: list, live: dict) -> dict:
@@ -439,11 +443,20 @@ def planned(args, prof, calibration, memory: float) -> str | None:
         plan.activation_checkpointing))
 
 
+def usable(budget: float) -> float:
+    """What the planner may fill of a budget: the share of a device it plans on
+    (``USABLE_FRACTION``, the headroom for transients and fragmentation its estimates leave
+    out), as it does for every instance type."""
+    from shoal.planning.strategy import USABLE_FRACTION
+
+    return USABLE_FRACTION * budget
+
+
 def summarize(model: str, rows: list, budget: float, pick_config: str | None) -> dict:
     """Spearman, the planner's pick against the best measured within ``budget``, and
     configurations predicted to fit that did not."""
     ok = [r for r in rows if "seconds" in r]
-    fit_predicted = [r for r in ok if r["predicted_memory"] <= budget]
+    fit_predicted = [r for r in ok if r["predicted_memory"] <= usable(budget)]
     fit_measured = [r for r in ok if r["memory"] <= budget]
     pick = next((r for r in ok if r["config"] == pick_config), None)
     best = min(fit_measured, key=lambda r: r["seconds"]) if fit_measured else None

@@ -119,6 +119,37 @@ def test_sharded_data_parallelism_is_zero_3():
     assert estimate.memory["gathered_parameters"] > 0  # the live window of prefetched layers
 
 
+def test_sharding_keeps_tensors_under_the_persistence_threshold_whole():
+    small = Layer("block", 800_000, 1e9, 1e6, 0.0, 1e4, split=True, repeated=True,
+                  largest=600_000)  # every tensor under 1e6 elements: none gathered
+    big = Layer("embed", 1_800_000, 0.0, 0.0, 1e5, 1e4, split=True, largest=1_800_000)
+    profile = ModelProfile("mixed", [big, small, small])
+    memory = model(profile).estimate(Candidate(1, 1, 8, sharded=8)).memory
+    assert memory["persistent_parameters"] == 2 * 1_600_000  # fp16, whole on every rank
+    assert memory["gathered_parameters"] == 2 * 1_800_000  # only the embedding's tensor
+    # tensor parallelism splits a tensor under the threshold: it then stays whole too
+    split = model(profile).estimate(Candidate(2, 1, 4, sharded=4)).memory
+    assert split["persistent_parameters"] == 2 * (1_600_000 + 1_800_000) / 2
+    assert split["gathered_parameters"] == 0
+
+
+def test_sharded_gradients_wait_whole_then_reduce_in_float32():
+    profile = uniform()
+    memory = model(profile).estimate(Candidate(1, 1, 8, sharded=4)).memory
+    # whole 16-bit gradients are laid out in float32 rows; the reduce-scatter returns a share
+    assert memory["gradient_buckets"] == pytest.approx(4 * profile.params * (1 + 1 / 4))
+
+
+def test_a_pipelines_first_stage_holds_the_models_output_and_the_loss():
+    layer = Layer("block", 1_000_000, 1e9, 1e6, 0.0, boundary=1e5, split=True, repeated=True)
+    profile = ModelProfile("uniform", [layer] * 4)
+    cost = model(profile, batch=64)
+    piped = cost.estimate(Candidate(1, 2, 1, microbatches=8))
+    # per microbatch in flight (pipeline + 2 of 8): output, log-softmax, both gradients, softmax
+    assert piped.memory["step_outputs"] == pytest.approx(5 * 1e5 * (64 / 8) * 4)
+    assert "step_outputs" not in cost.estimate(Candidate(1, 1, 1)).memory
+
+
 def test_tensor_parallelism_halves_only_the_layers_it_splits():
     split = Layer("block", 3_000_000, 1e9, 1e6, 0.0, 1e4, 4e4, split=True, repeated=True)
     kept = Layer("norm", 500_000, 1e6, 0.0, 1e5, 1e4)
@@ -136,8 +167,9 @@ def test_activations_are_per_sample_bytes_times_the_microbatch_and_double_in_fp3
     candidate = Candidate(1, 1, 4, microbatches=2)
     half = model(profile, precision="bf16", batch=64).estimate(candidate)
     full = model(profile, precision="fp32", batch=64).estimate(candidate)
-    micro = 64 / (4 * 2)  # one microbatch in flight without a pipeline
-    assert half.memory["activations"] == pytest.approx(8 * 1e6 * micro)
+    micro = 64 / (4 * 2)
+    # without a pipeline too, up to active_microbatches (pipeline + 2) are in flight: both
+    assert half.memory["activations"] == pytest.approx(2 * 8 * 1e6 * micro)
     assert full.memory["activations"] == pytest.approx(2 * half.memory["activations"])
 
 

@@ -7,9 +7,14 @@ Memory (bytes on the most loaded device, the first pipeline stage):
   parallelism divides the layers it splits, sharded data parallelism divides all three,
   optimizer-state sharding the optimizer's part across the data-parallel group;
 * activations (Korthikanti et al. 2022): each layer's saved bytes per sample times the
-  microbatch, for every microbatch in flight on the stage; with checkpointing, the repeated
-  blocks keep only their input, plus one block's activations while it is recomputed;
-* gathered parameters under sharded data parallelism (the live window of prefetching).
+  microbatch, for every microbatch in flight on the stage (up to ``active_microbatches``,
+  pipeline + 2, with or without a pipeline); with checkpointing, the repeated blocks keep
+  only their input, plus one block's activations while it is recomputed;
+* a pipeline's first stage also holds the model's output and the loss made from it: SMP runs
+  the step function there;
+* under sharded data parallelism: tensors under ``sdp_param_persistence_threshold`` whole on
+  every rank, the gathered window of the others (prefetching), and the gradients whole until
+  their bucket is reduce-scattered from float32 rows.
 
 Time (seconds per step):
 
@@ -47,6 +52,7 @@ OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "lamb": 8, "adagrad": 4, "rmspro
 GIB = 1024**3
 SDP_MAX_LIVE_PARAMETERS = 1_000_000_000  # SMP v1's defaults, which the plans keep
 SDP_REDUCE_BUCKET = 500_000_000
+SDP_PERSISTENCE_THRESHOLD = 1_000_000  # smaller tensors stay whole on every rank
 
 
 @attrs.frozen
@@ -247,6 +253,7 @@ class CostModel:
         self.loads = tuple(layer.flops / total_flops + 0.2 * layer.params / total_params
                            for layer in self.layers)
         self._sums: dict[int, list[StageSums]] = {}
+        self._persistent: dict[tuple[int, int], list[tuple[float, float]]] = {}
 
     def stage_sums(self, pipeline: int) -> list[StageSums]:
         if pipeline not in self._sums:
@@ -254,15 +261,35 @@ class CostModel:
                                     for a, b in stages(self.loads, pipeline)]
         return self._sums[pipeline]
 
+    def persistence(self, pipeline: int, tensor: int) -> list[tuple[float, float]]:
+        """Per stage, under sharded data parallelism: the parameters that stay whole on
+        every rank (tensors under ``sdp_param_persistence_threshold`` elements once tensor
+        parallelism has split them) and the largest tensor that does not."""
+        key = (pipeline, tensor)
+        if key not in self._persistent:
+            found = []
+            for a, b in stages(self.loads, pipeline):
+                kept = largest = 0.0
+                for layer in self.layers[a:b]:
+                    t = tensor if layer.split else 1
+                    if layer.largest_tensor / t < SDP_PERSISTENCE_THRESHOLD:
+                        kept += layer.params / t
+                    else:
+                        largest = max(largest, layer.largest_tensor / t)
+                found.append((kept, largest))
+            self._persistent[key] = found
+        return self._persistent[key]
+
     def estimate(self, c: Candidate) -> Estimate:
-        per_stage = [self._stage(c, s, first=i == 0)
+        kept = self.persistence(c.pipeline, c.tensor) if c.sharded > 1 else None
+        per_stage = [self._stage(c, s, first=i == 0, persistent=kept and kept[i])
                      for i, s in enumerate(self.stage_sums(c.pipeline))]
         memory = max(per_stage, key=lambda s: sum(s[0].values()))[0]
         slowest = max(per_stage, key=lambda s: s[1]["slot"])[1]
         return Estimate(c, memory, self._step(c, slowest))
 
     # -- one stage ---------------------------------------------------------------------
-    def _stage(self, c: Candidate, s: StageSums, first: bool):
+    def _stage(self, c: Candidate, s: StageSums, first: bool, persistent=None):
         w, t, shard = self.w, c.tensor, c.sharded
         params = s.params_split / t + s.params_kept
         memory = {
@@ -273,17 +300,29 @@ class CostModel:
         }
         micro = w.global_batch / (c.data * c.microbatches)
         memory["activations"] = self._activations(c, s, micro, first)
-        if c.data > c.sharded:  # the data-parallel all-reduce works on a copy of each bucket
-            memory["gradient_buckets"] = params * w.weight_bytes / shard
+        if first and c.pipeline > 1:
+            memory["step_outputs"] = self._step_outputs(c, micro)
+        if shard == 1 and c.data > 1:  # the all-reduce works on a copy of each bucket
+            memory["gradient_buckets"] = params * w.weight_bytes
         if shard > 1:
-            # prefetching gathers up to sdp_max_live_parameters (SMP's default: 1e9, all of
-            # most models); gradients wait for sdp_reduce_bucket_size elements (5e8) whole
-            largest = max(s.largest_split / t, s.largest_kept)
-            live = max(2 * largest, min(SDP_MAX_LIVE_PARAMETERS, params))
-            memory["gathered_parameters"] = live * w.weight_bytes
-            memory["gradient_buckets"] = memory.get("gradient_buckets", 0.0) + min(
-                SDP_REDUCE_BUCKET, params) * w.weight_bytes
+            memory.update(self._sharded_memory(c, params, persistent))
         return memory, self._slot(c, s, micro, params)
+
+    def _sharded_memory(self, c: Candidate, params: float, persistent) -> dict:
+        """What sharded data parallelism holds beyond the shards: small tensors whole
+        (persistent), the gathered window of the others (prefetching gathers up to
+        ``sdp_max_live_parameters``, SMP's default 1e9: all of most models), and the
+        gradients, whole until ``sdp_reduce_bucket_size`` elements (5e8) wait, then laid
+        out in float32 for their reduce-scatter, whose output is this rank's share."""
+        w = self.w
+        kept, largest = persistent
+        others = params - kept
+        # the one being used and the next, within the limit; never more than there is
+        live = min(others, max(2 * largest, min(SDP_MAX_LIVE_PARAMETERS, others)))
+        bucket = min(SDP_REDUCE_BUCKET, params)
+        return {"persistent_parameters": kept * w.weight_bytes,
+                "gathered_parameters": live * w.weight_bytes,
+                "gradient_buckets": bucket * max(w.weight_bytes, 4) * (1 + 1 / c.sharded)}
 
     def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:
         t = c.tensor
@@ -293,13 +332,21 @@ class CostModel:
             recomputing = (s.block_split / t + s.block_kept) * micro * self.w.activation_scale
         else:
             per_sample = s.act_split / t + s.act_kept
-        if c.pipeline == 1:
-            in_flight = 1
-        elif first:  # SMP's interleaved schedule keeps at most pipeline + 2 microbatches active
+        if first:  # SMP keeps up to active_microbatches (pipeline + 2) in flight, on one
+            # stage too: microbatches then share the batch's memory, they do not shrink it
             in_flight = min(c.microbatches, c.pipeline + 2)
         else:
             in_flight = min(c.microbatches, c.pipeline)
         return per_sample * micro * self.w.activation_scale * in_flight + recomputing
+
+    def _step_outputs(self, c: Candidate, micro: float) -> float:
+        """The model's output comes back to the first stage, where the step function
+        computes the loss (SMP runs the top module there): per microbatch in flight, the
+        output, the loss's saved copy of it (log-softmax), and in the backward their
+        gradients and the softmax the loss's gradient is made from."""
+        last = self.stage_sums(c.pipeline)[-1].out_boundary
+        in_flight = min(c.microbatches, c.pipeline + 2)
+        return 5 * last * micro * self.w.activation_scale * in_flight
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float) -> dict:
         """Times of one microbatch's forward and backward on this stage, and step terms."""

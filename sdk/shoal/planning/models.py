@@ -36,6 +36,11 @@ class Layer:
     split: bool = False  # tensor parallelism splits its parameters and FLOPs
     repeated: bool = False  # one of the model's stack of identical blocks (checkpointed ones)
     speed: float = 1.0  # its FLOP rate relative to a large matmul's, where measured
+    largest: int = 0  # elements of its largest parameter tensor (0: one tensor of ``params``)
+
+    @property
+    def largest_tensor(self) -> int:
+        return self.largest or self.params
 
 
 @attrs.frozen
@@ -126,12 +131,13 @@ class TransformerSpec:
         mlp_act = (6 if self.gated else 4) * s * self.ffn_
         block = Layer("block", block_params, block_flops, act_split=8 * s * h + mlp_act + scores,
                       act_kept=kept * s * h, boundary=2 * s * h, tp_comm=2 * 2 * s * h,
-                      split=True, repeated=True)
+                      split=True, repeated=True, largest=max(h * self.ffn_, h * h))
         embedding = Layer("embedding", v * h + s * h, 0.0, act_split=0.0, act_kept=2 * s * h,
-                          boundary=2 * s * h, tp_comm=2 * s * h, split=True)
+                          boundary=2 * s * h, tp_comm=2 * s * h, split=True, largest=v * h)
         # logits in 16 bits and the fp32 softmax of the loss (vocabulary-parallel under TP)
         head = Layer("head", (0 if self.tied else v * h) + 2 * h, 2 * s * h * v,
-                     act_split=6 * s * v, act_kept=2 * s * h, boundary=4, split=True)
+                     act_split=6 * s * v, act_kept=2 * s * h, boundary=4, split=True,
+                     largest=0 if self.tied else v * h)
         layers = [embedding] + [attrs.evolve(block, name=f"block{i}")
                                 for i in range(self.layers)] + [head]
         return ModelProfile("transformer", layers, heads=a, sequence=s,

@@ -189,32 +189,39 @@ def _profile(model, name, stack, trace: _Trace, batch: int, out) -> ModelProfile
 
     blocks = trace.blocks
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
-    other = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in in_blocks)
+    outside = [p for p in model.parameters() if p.requires_grad and id(p) not in in_blocks]
+    other, other_largest = sum(p.numel() for p in outside), _largest(outside)
     layers = []
     if blocks:
         layers.append(_layer(trace, "prologue", other, batch, boundary=trace.boundary.get(
-            "block0", 0.0) / batch))
+            "block0", 0.0) / batch, largest=other_largest))
         for i, block in enumerate(blocks):
-            params = sum(p.numel() for p in block.parameters() if p.requires_grad)
-            layers.append(_layer(trace, f"block{i}", params, batch, repeated=True,
-                                 split=_has_linear(block), boundary=trace.boundary[f"block{i}"]
-                                 / batch))
+            own = [p for p in block.parameters() if p.requires_grad]
+            layers.append(_layer(trace, f"block{i}", sum(p.numel() for p in own), batch,
+                                 repeated=True, split=_has_linear(block),
+                                 boundary=trace.boundary[f"block{i}"] / batch,
+                                 largest=_largest(own)))
         layers.append(_layer(trace, "epilogue", 0, batch, boundary=_out_bytes(out) / batch))
     else:  # no stack: the whole model is one layer
         layers.append(_layer(trace, "prologue", other, batch, boundary=_out_bytes(out) / batch,
-                             split=_has_linear(model)))
+                             split=_has_linear(model), largest=other_largest))
     layers = [layer for layer in layers if layer.params or layer.flops or layer.repeated]
     return ModelProfile(name, layers, description={
         "factory": name, "stack": stack[0] if stack else None, "blocks": len(blocks),
         "block_input": trace.block_input, "sample_batch": batch, "torch": torch.__version__})
 
 
-def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True) -> Layer:
+def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True,
+           largest=0) -> Layer:
     saved = trace.saved.get(key, 0.0) / batch
     return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=saved if split
                  else 0.0, act_kept=0.0 if split else saved, boundary=boundary,
                  tp_comm=trace.tp.get(key, 0.0) / batch if split else 0.0, split=split,
-                 repeated=repeated)
+                 repeated=repeated, largest=largest)
+
+
+def _largest(params) -> int:
+    return max((p.numel() for p in params), default=0)
 
 
 def _has_linear(module) -> bool:

@@ -1,6 +1,8 @@
 """Gradients under sharded data parallelism: reduce-scattered as the backward makes them.
 
-Each parameter's whole gradient, as soon as it is complete, joins a bucket; a bucket of
+Each parameter's whole gradient, as soon as it is complete, joins a bucket (a later
+microbatch's is added to the one waiting there, so that a step holds at most one whole
+gradient per parameter and reduces it once); a bucket of
 ``sdp_reduce_bucket_size`` elements (or the last, at the step's end) is reduce-scattered
 (averaged) over the sharding group on a thread of its own while the backward goes on, and
 each rank adds the chunks it owns into its float32 gradient shards: one flat buffer, a
@@ -43,6 +45,7 @@ class GradientReducer:
         self.views: dict[int, torch.Tensor] = {}
         self._pending: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
         self._pending_elements = 0
+        self._waiting: dict[int, int] = {}  # parameter -> its place in _pending
         self._steps = 0
         self._ranges: list[tuple[int, int]] = []  # what norm() counts (_counted)
         self._ranges_key: tuple[int, int] | None = None
@@ -81,6 +84,17 @@ class GradientReducer:
     def add(self, p: torch.nn.Parameter, grad: torch.Tensor | None) -> None:
         if grad is None:
             return
+        # A later microbatch's gradient of a parameter still waiting in the bucket is added
+        # to it: one whole gradient per parameter at most, and one reduction per step.
+        at = self._waiting.get(id(p))
+        if at is not None:
+            waiting = self._pending[at][1]
+            if waiting.dtype != torch.float32:  # 16-bit sums in float32, as reduced
+                waiting = waiting.float()
+                self._pending[at] = (p, waiting)
+            waiting.add_(grad.detach())
+            return
+        self._waiting[id(p)] = len(self._pending)
         self._pending.append((p, grad.detach()))
         self._pending_elements += p.ds_tensor.numel() * self.parts
         if self._pending_elements >= self.bucket_elements:
@@ -88,6 +102,7 @@ class GradientReducer:
 
     def _flush(self) -> None:
         batch, self._pending, self._pending_elements = self._pending, [], 0
+        self._waiting = {}
         if not batch:
             return
         if self._jobs is None:
@@ -104,11 +119,21 @@ class GradientReducer:
             except BaseException as exc:  # noqa: BLE001 - raised at the step's end
                 self._error = exc
             finally:
+                # the whole gradients go now, not when the next bucket comes (a step later)
+                batch = None
                 self._jobs.task_done()
 
     def _reduce(self, batch) -> None:
-        rows = torch.cat([layout.padded_rows(g.reshape(-1).float(), self.parts)
-                          for _, g in batch], dim=1)
+        # The rows are filled a gradient at a time and each whole gradient let go once
+        # copied (the batch holds the only reference): the bucket is in memory once, as
+        # rows, not twice.
+        widths = [self.views[id(p)].numel() for p, _ in batch]
+        rows = torch.empty(self.parts, sum(widths))
+        for i, (at, width) in enumerate(zip(layout.offsets(widths), widths)):
+            p, g = batch[i]
+            batch[i] = (p, None)
+            rows[:, at:at + width] = layout.padded_rows(g.reshape(-1).float(), self.parts)
+            del g
         if self.parts > 1:
             out = torch.from_numpy(core.reduce_scatter(
                 rows.numpy(), op="average", group=self.groups.reduce)).reshape(-1)

@@ -240,10 +240,15 @@ class ShardedParameters:
         persist = [p for p in self.params if p.ds_persist and p.requires_grad]
         if not persist:
             return
-        values = self._fetch(persist, self.groups.control)
+        # One gather; each parameter copies its columns of the rows itself, so that the
+        # refresh holds the rows and one parameter's copy, not a second copy of them all.
+        sizes = [p.ds_tensor.numel() for p in persist]
+        rows = gather_rows(torch.cat([p.ds_tensor for p in persist]), self.groups.control,
+                           self.parts, self.hierarchical)
         with torch.no_grad():
-            for p, value in zip(persist, values):
-                p.copy_(value)
+            for p, at, size in zip(persist, layout.offsets(sizes), sizes):
+                p.copy_(layout.unpad(rows[:, at:at + size].contiguous(), p.ds_numel,
+                                     p.ds_shape))
 
     # -- hooks ---------------------------------------------------------------------------
     def _before_forward(self, own, module, _args) -> None:

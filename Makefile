@@ -38,14 +38,16 @@ demo: venv
 # pytest exits 5 when it collects nothing: that is not a failure of the suite.
 # The unit tests run on every core (pytest-xdist, a file per worker at a time: a file whose
 # fixture builds the torch glue holds one worker, not all), but those that measure this
-# machine's speed (marked serial); they and the rest run one at a time (the integration tests
-# time jobs and faults, and load the cores themselves), without the matrix and stress cases.
+# machine's speed (marked serial; only their files are collected again). They and the rest
+# run one at a time (the integration tests time jobs and faults, and load the cores
+# themselves), without the matrix and stress cases.
 TEST_WORKERS ?= auto
 test: venv
 	@codes=""; \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/unit -m "not serial" $(PYTEST_ARGS); \
 	codes="$$codes $$?"; \
-	$(PY) -m pytest tests/unit -m serial $(PYTEST_ARGS); codes="$$codes $$?"; \
+	$(PY) -m pytest $$(grep -l "mark.serial" tests/unit/*.py) -m serial $(PYTEST_ARGS); \
+	codes="$$codes $$?"; \
 	$(PY) -m pytest tests/integration tests/faults -m "not matrix and not stress" $(PYTEST_ARGS); \
 	codes="$$codes $$?"; echo "make test: exit codes (unit on every core, unit serial, the rest):$$codes"; \
 	for c in $$codes; do [ $$c -eq 0 ] || [ $$c -eq 5 ] || exit 1; done

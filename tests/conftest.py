@@ -7,6 +7,25 @@ import pytest
 FAKE_REGION = "us-west-2"
 
 
+def _share_botocore_loader() -> None:
+    """One botocore loader per test process: botocore parses its JSON models (SageMaker's
+    alone is megabytes) once per Session and shares them among that Session's clients, and
+    SageMaker SDK v2 makes a loader of its own for every endpoint lookup; the tests make
+    hundreds of both, which parsed the same files again each time (a second and more per
+    test that builds a request)."""
+    import functools
+
+    import botocore.loaders
+    import botocore.session
+
+    shared = functools.lru_cache(maxsize=None)(botocore.loaders.create_loader)
+    botocore.loaders.create_loader = shared
+    botocore.session.create_loader = shared
+
+
+_share_botocore_loader()
+
+
 @pytest.fixture(autouse=True)
 def fake_aws_credentials(monkeypatch, tmp_path_factory):
     """Clear every AWS_* variable and set fake credentials and a fake config."""

@@ -64,6 +64,32 @@ MATRIX = {
     "test_collectives_and_training_match_numpy_and_one_process[2-1]",
     # kept: the TensorFlow example on two hosts
     "tests/integration/test_examples.py::test_example_runs_locally[tensorflow-1]",
+    # kept: the PyTorch and smdistributed examples on two hosts (the same scripts)
+    "tests/integration/test_examples.py::test_example_runs_locally[pytorch-1]",
+    "tests/integration/test_examples.py::test_example_runs_locally[smdistributed_pytorch-1]",
+    # kept: pipeline x data across two hosts in the examples' pp2 x dp2 job on 2 hosts and on
+    # the Slurm cluster's two nodes; pp2-dp2 spread placement on one host
+    "tests/integration/test_modelparallel_pipeline.py::"
+    "test_two_simulated_hosts_pipeline_across_hosts",
+    # kept: tp2 x sdp2 without prescaling (the same sharding; the batch split differs, which
+    # tp2-prescaled-step-mb2 covers under tensor parallelism)
+    "tests/integration/test_modelparallel_sharded.py::"
+    "test_sharded_data_parallel_matches_one_process[tp2-sdp2-prescaled]",
+    # kept: tp2 x pp2 with 2 microbatches and manual partitions; auto partition elsewhere
+    "tests/integration/test_modelparallel_tensor_parallel.py::"
+    "test_tensor_parallel_matches_one_process[tp2-pp2-mb4-auto]",
+    # kept: pp2 x dp2 optimizer-state sharding in bf16 and fp16, and in fp32 through the
+    # partial-checkpoint test, which trains it before saving
+    "tests/integration/test_modelparallel_optimizer_sharding.py::"
+    "test_sharded_training_matches_one_process[pp2-dp2-fp32]",
+    # kept: DDP on 2 and 3 ranks (and 4 across two simulated hosts in the smdistributed case)
+    "tests/integration/test_torch_ddp.py::test_torch_ddp_on_shoal_matches_gloo[4]",
+    # kept: FSDP's FULL_SHARD and HYBRID_SHARD (SHARD_GRAD_OP makes the same collectives)
+    "tests/integration/test_torch_frameworks.py::"
+    "test_trains_to_the_parameters_gloo_reaches[fsdp1:SHARD_GRAD_OP-2]",
+    # kept: the 1F1B and interleaved pipeline schedules (GPipe sends the same messages)
+    "tests/integration/test_torch_frameworks.py::"
+    "test_trains_to_the_parameters_gloo_reaches[pipeline:GPipe-2]",
 }
 
 

@@ -37,9 +37,10 @@ job's time varies by several percent from run to run. The models:
 The table: each configuration's predicted and measured step time and memory. Below it, per
 model: the Spearman rank correlation of predicted and measured step times, the planner's pick
 (``plan_strategy`` for this cluster, calibrated, with a memory budget per rank of
-``--budget-fraction`` of the largest measured growth, less the reserve) and its regret against
+``--budget-fraction`` of the largest measured growth, of which it plans on
+``USABLE_FRACTION`` as on every instance type, less the reserve) and its regret against
 the fastest measured configuration within the budget, and every configuration predicted to
-fit that measured over the budget (none wanted). Goals: regret <= 10 %, Spearman >= 0.8, no such configuration.
+fit (within that usable share) that measured over the budget (none wanted). Goals: regret <= 10 %, Spearman >= 0.8, no such configuration.
 """
 
 from __future__ import annotations

@@ -31,14 +31,14 @@ def test_microbatches_add_into_one_waiting_gradient_per_parameter():
     reducer.finish_step()
     assert torch.equal(reducer.views[id(a)], torch.arange(6.0) + 2.0)
     assert torch.equal(reducer.views[id(b)], torch.full((4,), 4.0))
-    assert reducer._pending == [] and reducer._waiting == {}
+    assert reducer._pending == {}
 
 
 def test_a_gradient_after_its_bucket_left_starts_a_new_entry():
     a, b = torch.nn.Parameter(torch.zeros(6)), torch.nn.Parameter(torch.zeros(4))
     reducer = reducer_of([a, b], bucket=6)  # a alone fills a bucket
     reducer.add(a, torch.ones(6))  # flushed at once
-    assert reducer._pending == []
+    assert reducer._pending == {}
     reducer.add(b, torch.ones(4))
     reducer.add(a, torch.ones(6))  # the next microbatch's: a bucket of its own again
     reducer.finish_step()

@@ -146,6 +146,13 @@ def gather_time(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> fl
     return (ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * alpha
 
 
+def active_microbatches(c: Candidate) -> int:
+    """Microbatches in flight on the first stage: SMP keeps up to ``active_microbatches``
+    (pipeline + 2), on one stage too, where microbatches then share the batch's memory
+    rather than shrink it."""
+    return min(c.microbatches, c.pipeline + 2)
+
+
 @functools.lru_cache(maxsize=4096)
 def schedule_slots(m: int, p: int, contention: float = 1.0) -> float:
     """A pipeline step in slots of one microbatch on one stage with every rank busy.
@@ -198,8 +205,6 @@ class StageSums:
     repeated: int
     params_split: float
     params_kept: float
-    largest_split: float
-    largest_kept: float
     flops_split: float
     flops_kept: float
     recompute_split: float
@@ -224,8 +229,6 @@ class StageSums:
         return cls(
             layers=len(layers), repeated=len(rep),
             params_split=sum(x.params for x in split), params_kept=sum(x.params for x in kept),
-            largest_split=max((x.params for x in split), default=0),
-            largest_kept=max((x.params for x in kept), default=0),
             # a layer measured slower than a matmul (``speed`` < 1) costs proportionally more
             flops_split=sum(x.flops / x.speed for x in split),
             flops_kept=sum(x.flops / x.speed for x in kept),
@@ -282,7 +285,7 @@ class CostModel:
 
     def estimate(self, c: Candidate) -> Estimate:
         kept = self.persistence(c.pipeline, c.tensor) if c.sharded > 1 else None
-        per_stage = [self._stage(c, s, first=i == 0, persistent=kept and kept[i])
+        per_stage = [self._stage(c, s, first=i == 0, persistent=kept[i] if kept else None)
                      for i, s in enumerate(self.stage_sums(c.pipeline))]
         memory = max(per_stage, key=lambda s: sum(s[0].values()))[0]
         slowest = max(per_stage, key=lambda s: s[1]["slot"])[1]
@@ -322,7 +325,7 @@ class CostModel:
         bucket = min(SDP_REDUCE_BUCKET, params)
         return {"persistent_parameters": kept * w.weight_bytes,
                 "gathered_parameters": live * w.weight_bytes,
-                "gradient_buckets": bucket * max(w.weight_bytes, 4) * (1 + 1 / c.sharded)}
+                "gradient_buckets": bucket * 4 * (1 + 1 / c.sharded)}  # float32 rows
 
     def _activations(self, c: Candidate, s: StageSums, micro: float, first: bool) -> float:
         t = c.tensor
@@ -332,9 +335,8 @@ class CostModel:
             recomputing = (s.block_split / t + s.block_kept) * micro * self.w.activation_scale
         else:
             per_sample = s.act_split / t + s.act_kept
-        if first:  # SMP keeps up to active_microbatches (pipeline + 2) in flight, on one
-            # stage too: microbatches then share the batch's memory, they do not shrink it
-            in_flight = min(c.microbatches, c.pipeline + 2)
+        if first:
+            in_flight = active_microbatches(c)
         else:
             in_flight = min(c.microbatches, c.pipeline)
         return per_sample * micro * self.w.activation_scale * in_flight + recomputing
@@ -345,8 +347,7 @@ class CostModel:
         output, the loss's saved copy of it (log-softmax), and in the backward their
         gradients and the softmax the loss's gradient is made from."""
         last = self.stage_sums(c.pipeline)[-1].out_boundary
-        in_flight = min(c.microbatches, c.pipeline + 2)
-        return 5 * last * micro * self.w.activation_scale * in_flight
+        return 5 * last * micro * self.w.activation_scale * active_microbatches(c)
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float) -> dict:
         """Times of one microbatch's forward and backward on this stage, and step terms."""

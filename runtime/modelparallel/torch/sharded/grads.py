@@ -43,9 +43,9 @@ class GradientReducer:
         self.params: list[torch.nn.Parameter] = []
         self.flat = torch.zeros(0)
         self.views: dict[int, torch.Tensor] = {}
-        self._pending: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        # the bucket: parameter id -> (parameter, its whole gradient), in arrival order
+        self._pending: dict[int, tuple[torch.nn.Parameter, torch.Tensor]] = {}
         self._pending_elements = 0
-        self._waiting: dict[int, int] = {}  # parameter -> its place in _pending
         self._steps = 0
         self._ranges: list[tuple[int, int]] = []  # what norm() counts (_counted)
         self._ranges_key: tuple[int, int] | None = None
@@ -86,23 +86,21 @@ class GradientReducer:
             return
         # A later microbatch's gradient of a parameter still waiting in the bucket is added
         # to it: one whole gradient per parameter at most, and one reduction per step.
-        at = self._waiting.get(id(p))
-        if at is not None:
-            waiting = self._pending[at][1]
+        if id(p) in self._pending:
+            waiting = self._pending[id(p)][1]
             if waiting.dtype != torch.float32:  # 16-bit sums in float32, as reduced
                 waiting = waiting.float()
-                self._pending[at] = (p, waiting)
+                self._pending[id(p)] = (p, waiting)
             waiting.add_(grad.detach())
             return
-        self._waiting[id(p)] = len(self._pending)
-        self._pending.append((p, grad.detach()))
+        self._pending[id(p)] = (p, grad.detach())
         self._pending_elements += p.ds_tensor.numel() * self.parts
         if self._pending_elements >= self.bucket_elements:
             self._flush()
 
     def _flush(self) -> None:
-        batch, self._pending, self._pending_elements = self._pending, [], 0
-        self._waiting = {}
+        batch = list(self._pending.values())
+        self._pending, self._pending_elements = {}, 0
         if not batch:
             return
         if self._jobs is None:

@@ -191,14 +191,21 @@ class ShardedParameters:
             self._install(todo, self._fetch(todo, comm or self.groups.gather))
 
     def _fetch(self, params, comm) -> list[torch.Tensor]:
-        sizes = [p.ds_tensor.numel() for p in params]
+        return list(self._gathered(params, comm))
+
+    def _gathered(self, params, comm):
+        """``params``' whole values from one gather, made one at a time: a caller done
+        with each before taking the next holds the rows and a parameter's copy or two,
+        not a copy of them all."""
         if len(params) == 1:
             rows = gather_rows(params[0].ds_tensor, comm, self.parts, self.hierarchical)
-            return [layout.unpad(rows, params[0].ds_numel, params[0].ds_shape)]
+            yield layout.unpad(rows, params[0].ds_numel, params[0].ds_shape)
+            return
+        sizes = [p.ds_tensor.numel() for p in params]
         rows = gather_rows(torch.cat([p.ds_tensor for p in params]), comm, self.parts,
                            self.hierarchical)
-        return [layout.unpad(rows[:, at:at + size].contiguous(), p.ds_numel, p.ds_shape)
-                for p, at, size in zip(params, layout.offsets(sizes), sizes)]
+        for p, at, size in zip(params, layout.offsets(sizes), sizes):
+            yield layout.unpad(rows[:, at:at + size].contiguous(), p.ds_numel, p.ds_shape)
 
     def reserve(self, params) -> None:
         """Counts ``params`` as live (the caller holds the lock)."""
@@ -240,15 +247,10 @@ class ShardedParameters:
         persist = [p for p in self.params if p.ds_persist and p.requires_grad]
         if not persist:
             return
-        # One gather; each parameter copies its columns of the rows itself, so that the
-        # refresh holds the rows and one parameter's copy, not a second copy of them all.
-        sizes = [p.ds_tensor.numel() for p in persist]
-        rows = gather_rows(torch.cat([p.ds_tensor for p in persist]), self.groups.control,
-                           self.parts, self.hierarchical)
+        # each value copied in before the next is made: not a second copy of them all
         with torch.no_grad():
-            for p, at, size in zip(persist, layout.offsets(sizes), sizes):
-                p.copy_(layout.unpad(rows[:, at:at + size].contiguous(), p.ds_numel,
-                                     p.ds_shape))
+            for p, value in zip(persist, self._gathered(persist, self.groups.control)):
+                p.copy_(value)
 
     # -- hooks ---------------------------------------------------------------------------
     def _before_forward(self, own, module, _args) -> None:

@@ -12,11 +12,12 @@ Run on every rank of a job (mpirun, one rank per device); rank 0 writes one JSON
   (a pipeline's bubble) computes that much faster;
 * ``layer_overhead``: seconds per module call beyond its arithmetic: a tiny ``nn.Linear``'s
   forward and backward, divided by the three passes the cost model charges;
-* ``hbm``: bytes/s of an in-place add over a buffer larger than the caches;
+* ``hbm``: bytes/s of an optimizer's update as the cost model counts it (32 bytes per fp32
+  parameter): a PyTorch Adam step over 4 Mi parameters, every rank at once;
 * ``intra_bw``/``alpha_intra``: all-reduces between the ranks of one host, every host at once,
   at two sizes: ``t = 2 (r - 1) alpha + 2 (r - 1) / r * n / bw`` solved for alpha and bw; alpha
-  is raised to what a small all-reduce costs between chunks of computation (ranks sharing
-  cores wait for a peer to be scheduled);
+  is raised to what a small all-reduce adds after each chunk of computation of a layer's
+  length (ranks sharing cores wait for a peer to be scheduled), per hop;
 * ``net_bw``/``alpha_net``: the same between hosts (the ranks of equal local rank), the
   bandwidth per host (every local rank's group crosses the network at once);
 * ``overlap``: how much of an all-reduce a matmul running beside it (on another thread) hides:
@@ -36,6 +37,10 @@ import time
 import numpy as np
 
 SMALL, LARGE = 8 * 1024, 8 * 1024 * 1024  # bytes of the two all-reduce sizes
+CHUNK_SECONDS = 2e-3  # computation between two synchronizations: a layer's forward
+SYNC_ITERATIONS = 40  # chunk + all-reduce iterations per timed block
+ADAM_PARAMETERS = 4 * 1024 * 1024  # larger than the caches, as a model's are
+ADAM_BYTES = 32  # per fp32 parameter, as the cost model counts an update (shoal.planning.costs)
 
 
 def timed(fn, repeats: int) -> float:
@@ -83,12 +88,19 @@ def layer_overhead(repeats: int) -> float:
     return timed(run, repeats) / calls / 3
 
 
-def memory_bandwidth(repeats: int) -> float:
+def optimizer_bandwidth(repeats: int) -> float:
+    """Bytes/s an optimizer's update reaches, counted as the cost model counts it: an Adam
+    step (PyTorch's own, as the job runs it) over ``ADAM_PARAMETERS``. A fused kernel on a
+    GPU runs near the memory's bandwidth; on CPU ranks the step makes several passes over
+    each tensor, which a plain copy's bandwidth would price two to three times too low."""
     import torch
 
-    a, b = torch.zeros(16 * 1024 * 1024), torch.ones(16 * 1024 * 1024)  # 64 MiB each
-    seconds = timed(lambda: a.add_(b), repeats)
-    return 3 * a.numel() * 4 / seconds  # read a and b, write a
+    params = [torch.nn.Parameter(torch.randn(ADAM_PARAMETERS // 8)) for _ in range(8)]
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    seconds = timed(optimizer.step, repeats)
+    return ADAM_BYTES * ADAM_PARAMETERS / seconds
 
 
 def allreduce_seconds(core, group, nbytes: int, repeats: int) -> float:
@@ -105,30 +117,38 @@ def _alpha_beta(ranks: int, small: float, large: float) -> tuple[float, float]:
     return alpha, bw
 
 
-def interleaved_alpha(core, group, ranks: int, hidden: int, repeats: int) -> float:
-    """Latency per hop of a small all-reduce between chunks of computation, as tensor and
-    pipeline parallelism run them: where ranks share cores, a peer must first be scheduled,
-    which an all-reduce loop on idle ranks never shows."""
+def sync_latency(core, group, ranks: int, hidden: int, repeats: int) -> float:
+    """Latency per hop of a small all-reduce that follows a chunk of computation, as tensor
+    and pipeline parallelism run them. Where ranks share cores a peer must first be
+    scheduled, which an all-reduce loop on idle ranks never shows. Blocks of iterations with
+    and without the all-reduce alternate, so that drift cancels pair by pair; each block's
+    mean (not median) is taken because a step pays every wait, the rare long one included."""
     import torch
 
     a, b = torch.randn(hidden, hidden), torch.randn(hidden, hidden)
     small = np.ones(SMALL // 4, dtype=np.float32)
-    chunks = 20
+    calls = max(1, round(CHUNK_SECONDS / timed(lambda: torch.mm(a, b), repeats)))
+    calls = int(core.allreduce(np.array([calls], dtype=np.float32), group=group)[0] / ranks)
 
-    def compute():
-        for _ in range(chunks):
-            torch.mm(a, b)
+    def block(comm: bool) -> float:
+        core.barrier(group=group)
+        started = time.perf_counter()
+        for _ in range(SYNC_ITERATIONS):
+            for _ in range(calls):
+                torch.mm(a, b)
+            if comm:
+                core.allreduce(small, group=group)
+        return (time.perf_counter() - started) / SYNC_ITERATIONS
 
-    def both():
-        for _ in range(chunks):
-            torch.mm(a, b)
-            core.allreduce(small, group=group)
+    block(True)  # warm-up
+    pairs = [(block(False), block(True)) for _ in range(2 * repeats)]
+    return paired_cost(pairs) / (2 * (ranks - 1))
 
-    core.barrier()
-    alone = timed(compute, repeats)
-    core.barrier()
-    together = timed(both, repeats)
-    return max(together - alone, 0.0) / chunks / (2 * (ranks - 1))
+
+def paired_cost(pairs: list[tuple[float, float]]) -> float:
+    """Seconds an iteration's all-reduce adds: the median over (without, with) pairs of
+    block means of their difference, never negative."""
+    return max(statistics.median(both - alone for alone, both in pairs), 0.0)
 
 
 def overlap(core, group, hidden: int, repeats: int) -> float:
@@ -166,7 +186,7 @@ def measure(hidden: int = 512, repeats: int = 5) -> dict:
     net_group = _groups(core, world, "net")
     core.barrier()
     figures = {"flops": matmul_rate(hidden, repeats),
-               "layer_overhead": layer_overhead(repeats), "hbm": memory_bandwidth(repeats)}
+               "layer_overhead": layer_overhead(repeats), "hbm": optimizer_bandwidth(repeats)}
     figures["contention"] = contention(core, world, hidden, repeats, figures["flops"])
     details = {"world_size": world.size, "local_size": world.local_size,
                "hosts": world.num_hosts, "hidden": hidden}
@@ -174,14 +194,14 @@ def measure(hidden: int = 512, repeats: int = 5) -> dict:
         small = allreduce_seconds(core, host_group, SMALL, repeats)
         large = allreduce_seconds(core, host_group, LARGE, repeats)
         figures["alpha_intra"], figures["intra_bw"] = _alpha_beta(len(local), small, large)
-        figures["alpha_intra"] = max(figures["alpha_intra"], interleaved_alpha(
+        figures["alpha_intra"] = max(figures["alpha_intra"], sync_latency(
             core, host_group, len(local), hidden, repeats))
         figures["overlap"] = overlap(core, host_group, hidden, repeats)
     if len(across) > 1:
         small = allreduce_seconds(core, net_group, SMALL, repeats)
         large = allreduce_seconds(core, net_group, LARGE, repeats)
         alpha, bw = _alpha_beta(len(across), small, large)
-        alpha = max(alpha, interleaved_alpha(core, net_group, len(across), hidden, repeats))
+        alpha = max(alpha, sync_latency(core, net_group, len(across), hidden, repeats))
         figures["alpha_net"], figures["net_bw"] = alpha, bw * world.local_size
     gathered = core.allgather(np.array([figures.get(k, np.nan) for k in KEYS]))
     merged = _merge(gathered.reshape(world.size, len(KEYS)))

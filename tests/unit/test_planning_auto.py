@@ -67,8 +67,9 @@ def test_fit_submits_the_planned_distribution_and_logs_why(aws, caplog):
 
 
 def test_a_small_model_gets_the_data_parallel_library(aws):
+    # fp32: in fp16, sharding the master copy's update is priced 6 % faster (strategy tests)
     est = estimator(model_description={"layers": 12, "hidden": 768, "heads": 12, "seq": 1024,
-                                       "vocab": 50257, "global_batch": 64, "precision": "fp16"})
+                                       "vocab": 50257, "global_batch": 64, "precision": "fp32"})
     request = est.build_request(None, "auto-dp")
     assert request["HyperParameters"]["sagemaker_distributed_dataparallel_enabled"] == "true"
     assert est.distribution == {"smdistributed": {"dataparallel": {"enabled": True}}}

@@ -58,7 +58,9 @@ def test_every_plan_is_legal_for_the_sdk_and_the_runtime(model, batch, instance_
 
 
 def test_a_model_that_fits_gets_plain_data_parallelism():
-    p = plan(GPT_125M, 64, "ml.p4d.24xlarge", 2)
+    # fp32: in fp16 the fp32 master copy's update is a tenth of this small step, and sharding
+    # it (sharded data 8, persistent blocks gathered once a step) is priced 6 % faster
+    p = plan(GPT_125M, 64, "ml.p4d.24xlarge", 2, precision="fp32")
     assert p.distribution == {"smdistributed": {"dataparallel": {"enabled": True}}}
     assert p.degrees == {"data": 16, "pipeline": 1, "tensor": 1, "sharded_data": 1}
     assert p.microbatches == 1 and not p.activation_checkpointing and p.environment == {}

@@ -26,9 +26,11 @@ Time (seconds per step):
   fewer stages at work, run faster (:func:`schedule_slots`);
 * tensor parallelism's all-reduces (not overlapped), pipeline sends between stages;
 * the data-parallel all-reduce of gradients (hierarchical: inside hosts, then between them),
-  behind the backward, and sharded data parallelism's gathers and reduce-scatters, behind
-  compute: at most ``overlap`` of a collective hides behind the computation running beside it
-  (it still competes for memory bandwidth and launches), the rest is exposed;
+  behind the backward, and sharded data parallelism's collectives: the gathers of the
+  non-persistent tensors on every use, behind compute, and once a step the reduce-scatter of
+  the summed gradients, behind the backward, and the gather of the updated persistent ones.
+  At most ``overlap`` of a collective hides behind the computation running beside it (it
+  still competes for memory bandwidth and launches), the rest is exposed;
 * the optimizer step, bound by memory bandwidth.
 
 Collectives follow the alpha-beta model: a ring over ``n`` ranks moves ``2 (n - 1) / n`` of the
@@ -256,7 +258,7 @@ class CostModel:
         self.loads = tuple(layer.flops / total_flops + 0.2 * layer.params / total_params
                            for layer in self.layers)
         self._sums: dict[int, list[StageSums]] = {}
-        self._persistent: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self._persistent: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
 
     def stage_sums(self, pipeline: int) -> list[StageSums]:
         if pipeline not in self._sums:
@@ -264,22 +266,25 @@ class CostModel:
                                     for a, b in stages(self.loads, pipeline)]
         return self._sums[pipeline]
 
-    def persistence(self, pipeline: int, tensor: int) -> list[tuple[float, float]]:
+    def persistence(self, pipeline: int, tensor: int) -> list[tuple[float, float, int]]:
         """Per stage, under sharded data parallelism: the parameters that stay whole on
         every rank (tensors under ``sdp_param_persistence_threshold`` elements once tensor
-        parallelism has split them) and the largest tensor that does not."""
+        parallelism has split them), the largest tensor that does not, and how many layers
+        hold such a tensor (each is gathered on every use)."""
         key = (pipeline, tensor)
         if key not in self._persistent:
             found = []
             for a, b in stages(self.loads, pipeline):
                 kept = largest = 0.0
+                gathered = 0
                 for layer in self.layers[a:b]:
                     t = tensor if layer.split else 1
                     if layer.largest_tensor / t < SDP_PERSISTENCE_THRESHOLD:
                         kept += layer.params / t
                     else:
                         largest = max(largest, layer.largest_tensor / t)
-                found.append((kept, largest))
+                        gathered += 1
+                found.append((kept, largest, gathered))
             self._persistent[key] = found
         return self._persistent[key]
 
@@ -309,7 +314,7 @@ class CostModel:
             memory["gradient_buckets"] = params * w.weight_bytes
         if shard > 1:
             memory.update(self._sharded_memory(c, params, persistent))
-        return memory, self._slot(c, s, micro, params)
+        return memory, self._slot(c, s, micro, params, persistent)
 
     def _sharded_memory(self, c: Candidate, params: float, persistent) -> dict:
         """What sharded data parallelism holds beyond the shards: small tensors whole
@@ -318,7 +323,7 @@ class CostModel:
         gradients, whole until ``sdp_reduce_bucket_size`` elements (5e8) wait, then laid
         out in float32 for their reduce-scatter, whose output is this rank's share."""
         w = self.w
-        kept, largest = persistent
+        kept, largest, _ = persistent
         others = params - kept
         # the one being used and the next, within the limit; never more than there is
         live = min(others, max(2 * largest, min(SDP_MAX_LIVE_PARAMETERS, others)))
@@ -349,7 +354,8 @@ class CostModel:
         last = self.stage_sums(c.pipeline)[-1].out_boundary
         return 5 * last * micro * self.w.activation_scale * active_microbatches(c)
 
-    def _slot(self, c: Candidate, s: StageSums, micro: float, params: float) -> dict:
+    def _slot(self, c: Candidate, s: StageSums, micro: float, params: float,
+              persistent=None) -> dict:
         """Times of one microbatch's forward and backward on this stage, and step terms."""
         hw, t = self.hw, c.tensor
         flops = (s.flops_split / t + s.flops_kept) * micro
@@ -370,18 +376,20 @@ class CostModel:
             bw, alpha = self._link(c.tensor * c.pipeline <= hw.gpus_per_host)
             p2p = 2 * (nbytes / bw + alpha)
         sharded = sharded_fixed = 0.0
-        if c.sharded > 1:
-            calls = 4 if c.checkpointing else 3  # gathers fwd, bwd (and recompute); scatter
+        kept = params
+        if c.sharded > 1:  # persistent tensors are never gathered; the others on every use
+            kept, _, gathered = persistent
+            calls = 3 if c.checkpointing else 2  # forward, backward (and recompute)
             bw, alpha = self._link(c.sharded <= hw.gpus_per_host)
-            sharded = calls * (gather_time(params * self.w.weight_bytes, c.sharded, bw, 0.0)
-                               + s.layers * (c.sharded - 1) * alpha)
+            sharded = calls * (gather_time((params - kept) * self.w.weight_bytes, c.sharded,
+                                           bw, 0.0) + gathered * (c.sharded - 1) * alpha)
             # each layer's gather and release is host work no prefetching hides
-            sharded_fixed = calls * s.layers * hw.layer_overhead / 3
+            sharded_fixed = calls * gathered * hw.layer_overhead / 3
         backward = 2 * compute / 3  # the backward is twice the forward
         return {"slot": compute + recompute + tp + p2p, "compute": compute,
                 "recompute": recompute, "tp": tp, "p2p": p2p, "sharded": sharded,
                 "sharded_fixed": sharded_fixed,
-                "backward": backward, "params": params}
+                "backward": backward, "params": params, "persistent": kept}
 
     # -- the step ------------------------------------------------------------------------
     def _step(self, c: Candidate, s: dict) -> dict:
@@ -404,7 +412,19 @@ class CostModel:
             dp, gather = dp / 2, dp / 2
         time["data_parallel"] = self.exposed(dp, s["backward"])
         time["optimizer"] = self._optimizer(c, s["params"]) + gather
+        if c.sharded > 1:
+            time["sharded_data_parallel"] += self._sharded_step(c, s)
         return time
+
+    def _sharded_step(self, c: Candidate, s: dict) -> float:
+        """Once a step: the gradients, summed over the microbatches, reduce-scattered behind
+        the backward, and the updated persistent parameters gathered back whole."""
+        bw, alpha = self._link(c.sharded <= self.hw.gpus_per_host)
+        scatter = gather_time(s["params"] * self.w.weight_bytes, c.sharded, bw, alpha)
+        refresh = 0.0
+        if s["persistent"]:
+            refresh = gather_time(s["persistent"] * self.w.weight_bytes, c.sharded, bw, alpha)
+        return self.exposed(scatter, s["backward"]) + refresh
 
     def _link(self, in_host: bool) -> tuple[float, float]:
         """Bandwidth per rank and latency of a group inside one host, or across hosts (every

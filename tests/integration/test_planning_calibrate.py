@@ -35,7 +35,7 @@ def test_calibrate_measures_this_machine_and_plans_with_it(tmp_path, monkeypatch
     code = cli.main(["plan", "strategy", "--model", MODEL, "--global-batch", "16",
                      "--instance-type", "local", "--instance-count", "2",
                      "--processes-per-host", "2", "--calibration", str(out), "--output", "json",
-                     "--pin", "data=4"])
+                     "--pin", "data=4", "--pin", "microbatches=1"])
     again = json.loads(capsys.readouterr().out)
     assert code == 0
     profile = parse_description(MODEL).profile()

@@ -133,6 +133,29 @@ def test_sharding_keeps_tensors_under_the_persistence_threshold_whole():
     assert split["gathered_parameters"] == 0
 
 
+def test_sharded_time_gathers_only_what_is_not_persistent_and_scatters_once_a_step():
+    small = Layer("block", 800_000, 1e9, 1e6, 0.0, 1e4, split=True, repeated=True,
+                  largest=600_000)
+    persistent = ModelProfile("small", [small] * 4)
+    big = Layer("block", 3_200_000, 1e9, 1e6, 0.0, 1e4, split=True, repeated=True,
+                largest=1_600_000)
+    gathered = ModelProfile("big", [big] * 4)
+    cost = model(persistent, intra_bw=1e9, overlap=0.0)
+    one = cost.estimate(Candidate(1, 1, 8, sharded=8)).time["sharded_data_parallel"]
+    # no gathers in the forward and backward: one reduce-scatter and one refresh a step
+    per_collective = gather_time(2 * 4 * 800_000, 8, 1e9, cost.hw.alpha_intra)
+    assert one == pytest.approx(2 * per_collective)
+    # microbatches add no collective: their gradients are summed before the reduce-scatter
+    four = cost.estimate(Candidate(1, 1, 8, sharded=8, microbatches=4))
+    assert four.time["sharded_data_parallel"] == pytest.approx(one)
+    # tensors over the threshold are gathered on every use, forward and backward
+    big_cost = model(gathered, intra_bw=1e9, overlap=0.0)
+    many = big_cost.estimate(Candidate(1, 1, 8, sharded=8, microbatches=4))
+    uses = 4 * 2 * (gather_time(2 * 4 * 3_200_000, 8, 1e9, 0.0) + 4 * 7 * cost.hw.alpha_intra)
+    step = gather_time(2 * 4 * 3_200_000, 8, 1e9, cost.hw.alpha_intra)
+    assert many.time["sharded_data_parallel"] == pytest.approx(uses + step)
+
+
 def test_sharded_gradients_wait_whole_then_reduce_in_float32():
     profile = uniform()
     memory = model(profile).estimate(Candidate(1, 1, 8, sharded=4)).memory

@@ -33,3 +33,16 @@ def test_each_figure_is_the_slowest_ranks():
     merged = calibration._merge(rows)
     assert merged == {"flops": 1e9, "layer_overhead": 3e-4, "alpha_net": 7e-6,
                       "contention": 1.9}
+
+
+def test_the_latency_of_a_synchronization_is_paired_against_drift():
+    # the machine slows down over the probe; every pair's with-block is 200 us slower
+    pairs = [(1e-3 * (1 + i / 10), 1e-3 * (1 + i / 10) + 200e-6) for i in range(10)]
+    assert calibration.paired_cost(pairs) == pytest.approx(200e-6)
+    # one pair hit by a long stall on the machine (not by the all-reduce) moves nothing
+    pairs[3] = (pairs[3][0], pairs[3][1] + 50e-3)
+    assert calibration.paired_cost(pairs) == pytest.approx(200e-6)
+
+
+def test_a_synchronization_never_costs_less_than_nothing():
+    assert calibration.paired_cost([(2e-3, 1.9e-3), (2e-3, 1.95e-3), (2e-3, 1.99e-3)]) == 0.0

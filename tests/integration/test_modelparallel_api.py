@@ -156,3 +156,40 @@ def test_save_and_load_partial_and_full(tmp_path):
     """)
     assert out.strip() == "['bias', 'weight'] ['_smp_is_partial', 'bias', 'weight']"
     assert (tmp_path / "part_0_0.pt").exists()
+
+
+def test_without_a_pipeline_microbatches_run_one_after_another():
+    # the model counts forwards under way until their backward: one stage's scheduler gives
+    # a microbatch's backward the turn before the next forward (the cost model relies on it)
+    out = ok("""
+        import threading
+        smp.init({"microbatches": 4, "ddp": True})
+        lock, live, most = threading.Lock(), [0], [0]
+
+        class Counting(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 1)
+
+            def forward(self, x):
+                with lock:
+                    live[0] += 1
+                    most[0] = max(most[0], live[0])
+                return self.b(torch.relu(self.a(x)))
+
+        model = smp.DistributedModel(Counting())
+
+        @smp.step
+        def train(model, x):
+            loss = model(x).sum()
+            model.backward(loss)
+            with lock:
+                live[0] -= 1
+            return loss
+
+        for _ in range(2):
+            losses = train(model, torch.randn(8, 4))
+        print(smp.state.cfg.active_microbatches, most[0], len(losses.outputs))
+    """)
+    # SMP's active_microbatches is min(pipeline + 2, 4) = 3; one stage still runs one at a time
+    assert out.split() == ["3", "1", "4"]

@@ -191,8 +191,12 @@ def test_activations_are_per_sample_bytes_times_the_microbatch_and_double_in_fp3
     half = model(profile, precision="bf16", batch=64).estimate(candidate)
     full = model(profile, precision="fp32", batch=64).estimate(candidate)
     micro = 64 / (4 * 2)
-    # without a pipeline too, up to active_microbatches (pipeline + 2) are in flight: both
-    assert half.memory["activations"] == pytest.approx(2 * 8 * 1e6 * micro)
+    # one stage runs one microbatch at a time (its backward before the next forward)
+    assert half.memory["activations"] == pytest.approx(8 * 1e6 * micro)
+    # along a pipeline the first stage holds up to pipeline + 2 of them
+    piped = model(profile, precision="bf16", batch=64).estimate(
+        Candidate(1, 2, 2, microbatches=8))
+    assert piped.memory["activations"] == pytest.approx(4 * 4 * 1e6 * 64 / (2 * 8))
     assert full.memory["activations"] == pytest.approx(2 * half.memory["activations"])
 
 
@@ -292,3 +296,15 @@ def test_compute_is_three_forwards_at_the_device_rate():
     profile = uniform(n=8, flops=1e9)
     estimate = model(profile, batch=64).estimate(Candidate(1, 1, 1))
     assert estimate.time["compute"] == pytest.approx(3 * 8 * 1e9 * 64 / 100e12)
+
+
+def test_each_later_microbatch_adds_its_gradients_to_those_held():
+    profile = uniform()
+    cost = model(profile, precision="fp16", hbm=1e12)
+    assert "gradient_accumulation" not in cost.estimate(Candidate(1, 1, 8)).time
+    four = cost.estimate(Candidate(1, 1, 8, microbatches=4)).time
+    # three additions of 16-bit gradients: read the held and the new, write the sum
+    assert four["gradient_accumulation"] == pytest.approx(3 * profile.params * 3 * 2 / 1e12)
+    # a pipeline stage accumulates only its own layers' gradients
+    staged = cost.estimate(Candidate(1, 2, 4, microbatches=4)).time
+    assert staged["gradient_accumulation"] == pytest.approx(four["gradient_accumulation"] / 2)

@@ -8,7 +8,7 @@ Memory (bytes on the most loaded device, the first pipeline stage):
   optimizer-state sharding the optimizer's part across the data-parallel group;
 * activations (Korthikanti et al. 2022): each layer's saved bytes per sample times the
   microbatch, for every microbatch in flight on the stage (up to ``active_microbatches``,
-  pipeline + 2, with or without a pipeline); with checkpointing, the repeated blocks keep
+  pipeline + 2, along a pipeline; one on a single stage); with checkpointing, the repeated blocks keep
   only their input, plus one block's activations while it is recomputed;
 * a pipeline's first stage also holds the model's output and the loss made from it: SMP runs
   the step function there;
@@ -31,7 +31,8 @@ Time (seconds per step):
   the summed gradients, behind the backward, and the gather of the updated persistent ones.
   At most ``overlap`` of a collective hides behind the computation running beside it (it
   still competes for memory bandwidth and launches), the rest is exposed;
-* the optimizer step, bound by memory bandwidth.
+* with microbatches, each later one's gradients added to those held (read both, write one),
+  and the optimizer step, both bound by memory bandwidth.
 
 Collectives follow the alpha-beta model: a ring over ``n`` ranks moves ``2 (n - 1) / n`` of the
 buffer per rank for an all-reduce and ``(n - 1) / n`` for a gather, plus a latency per hop.
@@ -149,10 +150,10 @@ def gather_time(nbytes: float, ranks: int, bandwidth: float, alpha: float) -> fl
 
 
 def active_microbatches(c: Candidate) -> int:
-    """Microbatches in flight on the first stage: SMP keeps up to ``active_microbatches``
-    (pipeline + 2), on one stage too, where microbatches then share the batch's memory
-    rather than shrink it."""
-    return min(c.microbatches, c.pipeline + 2)
+    """Microbatches in flight on the first stage: up to SMP's ``active_microbatches``
+    (pipeline + 2) along a pipeline; one on a single stage, whose scheduler runs each
+    microbatch's backward before the next one's forward."""
+    return min(c.microbatches, c.pipeline + 2) if c.pipeline > 1 else 1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -412,6 +413,9 @@ class CostModel:
             dp, gather = dp / 2, dp / 2
         time["data_parallel"] = self.exposed(dp, s["backward"])
         time["optimizer"] = self._optimizer(c, s["params"]) + gather
+        if m > 1:  # each later microbatch's gradients are added to the held ones
+            time["gradient_accumulation"] = ((m - 1) * s["params"] * 3 * self.w.weight_bytes
+                                             / self.hw.hbm)
         if c.sharded > 1:
             time["sharded_data_parallel"] += self._sharded_step(c, s)
         return time

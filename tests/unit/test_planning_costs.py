@@ -308,3 +308,15 @@ def test_each_later_microbatch_adds_its_gradients_to_those_held():
     # a pipeline stage accumulates only its own layers' gradients
     staged = cost.estimate(Candidate(1, 2, 4, microbatches=4)).time
     assert staged["gradient_accumulation"] == pytest.approx(four["gradient_accumulation"] / 2)
+
+
+def test_a_sharding_group_across_hosts_moves_its_bytes_hierarchically():
+    small = Layer("block", 800_000, 1e9, 1e6, 0.0, 1e4, split=True, repeated=True,
+                  largest=600_000)  # persistent: only the step's scatter and refresh remain
+    cost = model(ModelProfile("small", [small] * 4), intra_bw=100e9, net_bw=10e9, overlap=0.0)
+    got = cost.estimate(Candidate(1, 1, 16, sharded=16)).time["sharded_data_parallel"]
+    nbytes = 2 * 4 * 800_000
+    # inside each host of 8, then across the 2 hosts, the host's ranks sharing its network
+    one = (gather_time(nbytes, 8, 100e9, 0.0) + nbytes / 2 / 10e9
+           + 7 * cost.hw.alpha_intra + cost.hw.alpha_net)
+    assert got == pytest.approx(2 * one)

@@ -381,9 +381,9 @@ class CostModel:
         if c.sharded > 1:  # persistent tensors are never gathered; the others on every use
             kept, _, gathered = persistent
             calls = 3 if c.checkpointing else 2  # forward, backward (and recompute)
-            bw, alpha = self._link(c.sharded <= hw.gpus_per_host)
-            sharded = calls * (gather_time((params - kept) * self.w.weight_bytes, c.sharded,
-                                           bw, 0.0) + gathered * (c.sharded - 1) * alpha)
+            sharded = calls * (self._shard_transfer((params - kept) * self.w.weight_bytes,
+                                                    c.sharded)
+                               + gathered * self._shard_latency(c.sharded))
             # each layer's gather and release is host work no prefetching hides
             sharded_fixed = calls * gathered * hw.layer_overhead / 3
         backward = 2 * compute / 3  # the backward is twice the forward
@@ -423,12 +423,34 @@ class CostModel:
     def _sharded_step(self, c: Candidate, s: dict) -> float:
         """Once a step: the gradients, summed over the microbatches, reduce-scattered behind
         the backward, and the updated persistent parameters gathered back whole."""
-        bw, alpha = self._link(c.sharded <= self.hw.gpus_per_host)
-        scatter = gather_time(s["params"] * self.w.weight_bytes, c.sharded, bw, alpha)
+        latency = self._shard_latency(c.sharded)
+        scatter = self._shard_transfer(s["params"] * self.w.weight_bytes, c.sharded) + latency
         refresh = 0.0
         if s["persistent"]:
-            refresh = gather_time(s["persistent"] * self.w.weight_bytes, c.sharded, bw, alpha)
+            refresh = (self._shard_transfer(s["persistent"] * self.w.weight_bytes, c.sharded)
+                       + latency)
         return self.exposed(scatter, s["backward"]) + refresh
+
+    def _shard_hosts(self, sharded: int) -> tuple[int, int]:
+        """A sharding group's ranks per host and hosts (its ranks are consecutive)."""
+        local = min(sharded, self.hw.gpus_per_host)
+        return local, max(1, sharded // local)
+
+    def _shard_transfer(self, nbytes: float, sharded: int) -> float:
+        """Seconds an all-gather (or reduce-scatter) of ``nbytes`` in all moves them over a
+        sharding group, hierarchically as the data-parallel all-reduce: inside each host,
+        then between hosts, where the host's ranks share its network."""
+        hw = self.hw
+        local, hosts = self._shard_hosts(sharded)
+        seconds = gather_time(nbytes, local, hw.intra_bw, 0.0)
+        if hosts > 1:
+            seconds += (hosts - 1) / hosts * nbytes / hw.net_bw
+        return seconds
+
+    def _shard_latency(self, sharded: int) -> float:
+        """The hops of one such collective: inside the host, then between hosts."""
+        local, hosts = self._shard_hosts(sharded)
+        return (local - 1) * self.hw.alpha_intra + (hosts - 1) * self.hw.alpha_net
 
     def _link(self, in_host: bool) -> tuple[float, float]:
         """Bandwidth per rank and latency of a group inside one host, or across hosts (every

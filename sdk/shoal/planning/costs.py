@@ -8,8 +8,8 @@ Memory (bytes on the most loaded device, the first pipeline stage):
   optimizer-state sharding the optimizer's part across the data-parallel group;
 * activations (Korthikanti et al. 2022): each layer's saved bytes per sample times the
   microbatch, for every microbatch in flight on the stage (up to ``active_microbatches``,
-  pipeline + 2, along a pipeline; one on a single stage); with checkpointing, the repeated blocks keep
-  only their input, plus one block's activations while it is recomputed;
+  pipeline + 2, along a pipeline; one on a single stage); with checkpointing, the repeated
+  blocks keep only their input, plus one block's activations while it is recomputed;
 * a pipeline's first stage also holds the model's output and the loss made from it: SMP runs
   the step function there;
 * under sharded data parallelism: tensors under ``sdp_param_persistence_threshold`` whole on

@@ -320,3 +320,15 @@ def test_a_sharding_group_across_hosts_moves_its_bytes_hierarchically():
     one = (gather_time(nbytes, 8, 100e9, 0.0) + nbytes / 2 / 10e9
            + 7 * cost.hw.alpha_intra + cost.hw.alpha_net)
     assert got == pytest.approx(2 * one)
+
+
+def test_a_sharding_group_a_tensor_group_apart_crosses_hosts():
+    small = Layer("block", 800_000, 1e9, 1e6, 0.0, 1e4, split=True, repeated=True,
+                  largest=600_000)
+    cost = model(ModelProfile("small", [small] * 4), intra_bw=100e9, net_bw=10e9, overlap=0.0)
+    # tensor 8 fills each host: the two sharding ranks of a tensor rank are on two hosts,
+    # and the host's 8 groups cross its network at once
+    got = cost.estimate(Candidate(8, 1, 2, sharded=2)).time["sharded_data_parallel"]
+    nbytes = 2 * 4 * 800_000 / 8
+    one = 8 * nbytes / 2 / 10e9 + cost.hw.alpha_net
+    assert got == pytest.approx(2 * one)

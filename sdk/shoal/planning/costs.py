@@ -381,9 +381,8 @@ class CostModel:
         if c.sharded > 1:  # persistent tensors are never gathered; the others on every use
             kept, _, gathered = persistent
             calls = 3 if c.checkpointing else 2  # forward, backward (and recompute)
-            sharded = calls * (self._shard_transfer((params - kept) * self.w.weight_bytes,
-                                                    c.sharded)
-                               + gathered * self._shard_latency(c.sharded))
+            sharded = calls * (self._shard_transfer((params - kept) * self.w.weight_bytes, c)
+                               + gathered * self._shard_latency(c))
             # each layer's gather and release is host work no prefetching hides
             sharded_fixed = calls * gathered * hw.layer_overhead / 3
         backward = 2 * compute / 3  # the backward is twice the forward
@@ -423,33 +422,33 @@ class CostModel:
     def _sharded_step(self, c: Candidate, s: dict) -> float:
         """Once a step: the gradients, summed over the microbatches, reduce-scattered behind
         the backward, and the updated persistent parameters gathered back whole."""
-        latency = self._shard_latency(c.sharded)
-        scatter = self._shard_transfer(s["params"] * self.w.weight_bytes, c.sharded) + latency
+        latency = self._shard_latency(c)
+        scatter = self._shard_transfer(s["params"] * self.w.weight_bytes, c) + latency
         refresh = 0.0
         if s["persistent"]:
-            refresh = (self._shard_transfer(s["persistent"] * self.w.weight_bytes, c.sharded)
-                       + latency)
+            refresh = self._shard_transfer(s["persistent"] * self.w.weight_bytes, c) + latency
         return self.exposed(scatter, s["backward"]) + refresh
 
-    def _shard_hosts(self, sharded: int) -> tuple[int, int]:
-        """A sharding group's ranks per host and hosts (its ranks are consecutive)."""
-        local = min(sharded, self.hw.gpus_per_host)
-        return local, max(1, sharded // local)
+    def _spread(self, size: int, stride: int) -> tuple[int, int]:
+        """A group of ``size`` ranks ``stride`` apart: its ranks per host, and its hosts."""
+        local = min(size, max(1, self.hw.gpus_per_host // stride))
+        return local, max(1, size // local)
 
-    def _shard_transfer(self, nbytes: float, sharded: int) -> float:
+    def _shard_transfer(self, nbytes: float, c: Candidate) -> float:
         """Seconds an all-gather (or reduce-scatter) of ``nbytes`` in all moves them over a
-        sharding group, hierarchically as the data-parallel all-reduce: inside each host,
-        then between hosts, where the host's ranks share its network."""
+        sharding group (its ranks a tensor group apart), hierarchically as the data-parallel
+        all-reduce: inside each host, then between hosts, where every group of the host
+        crosses its network at once."""
         hw = self.hw
-        local, hosts = self._shard_hosts(sharded)
+        local, hosts = self._spread(c.sharded, c.tensor * c.pipeline)
         seconds = gather_time(nbytes, local, hw.intra_bw, 0.0)
         if hosts > 1:
-            seconds += (hosts - 1) / hosts * nbytes / hw.net_bw
+            seconds += hw.gpus_per_host / local * (hosts - 1) / hosts * nbytes / hw.net_bw
         return seconds
 
-    def _shard_latency(self, sharded: int) -> float:
+    def _shard_latency(self, c: Candidate) -> float:
         """The hops of one such collective: inside the host, then between hosts."""
-        local, hosts = self._shard_hosts(sharded)
+        local, hosts = self._spread(c.sharded, c.tensor * c.pipeline)
         return (local - 1) * self.hw.alpha_intra + (hosts - 1) * self.hw.alpha_net
 
     def _link(self, in_host: bool) -> tuple[float, float]:
@@ -471,9 +470,7 @@ class CostModel:
         if replicas <= 1:
             return 0.0
         nbytes = params * self.w.weight_bytes / c.sharded
-        stride = c.tensor * c.pipeline * c.sharded
-        local = min(replicas, max(1, hw.gpus_per_host // stride))
-        hosts = max(1, replicas // local)
+        local, hosts = self._spread(replicas, c.tensor * c.pipeline * c.sharded)
         intra = allreduce_time(nbytes, local, hw.intra_bw, hw.alpha_intra)
         inter = 0.0
         if hosts > 1:  # every local rank's shard crosses the host's network at once

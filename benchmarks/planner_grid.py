@@ -222,7 +222,7 @@ def worker(args) -> None:
     grown_all = [None] * dist.get_world_size()
     dist.all_gather_object(grown_all, grown)
     if dist.get_rank() == 0:
-        print("GRID " + json.dumps({"seconds": statistics.median(times),
+        print("GRID " + json.dumps({"seconds": statistics.median(times), "steps": times,
                                     "memory": max(grown_all)}), flush=True)
 
 

@@ -31,7 +31,8 @@ def test_calibrate_measures_this_machine_and_plans_with_it(tmp_path, monkeypatch
     plan = json.loads(captured.out)
     degrees = plan["degrees"]
     assert degrees["data"] * degrees["tensor"] * degrees["pipeline"] == 4
-    # the plan's compute is the model's FLOPs at the measured rate
+    # the plan's compute is the model's FLOPs at the measured rate, and CPU ranks dispatch
+    # each layer's operations (counted in tiny module calls) in line with them
     code = cli.main(["plan", "strategy", "--model", MODEL, "--global-batch", "16",
                      "--instance-type", "local", "--instance-count", "2",
                      "--processes-per-host", "2", "--calibration", str(out), "--output", "json",
@@ -41,5 +42,5 @@ def test_calibrate_measures_this_machine_and_plans_with_it(tmp_path, monkeypatch
     profile = parse_description(MODEL).profile()
     per_rank = 16 // 4
     expected = (3 * profile.flops * per_rank / measured["flops"]
-                + 3 * len(profile.layers) * measured["layer_overhead"])
+                + 3 * sum(layer.calls for layer in profile.layers) * measured["layer_overhead"])
     assert again["predicted"]["seconds"]["compute"] == pytest.approx(expected, rel=1e-9)

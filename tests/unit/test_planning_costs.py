@@ -3,6 +3,8 @@
 import itertools
 import random
 
+import attrs
+
 import pytest
 from shoal.planning.costs import (
     Candidate,
@@ -332,3 +334,64 @@ def test_a_sharding_group_a_tensor_group_apart_crosses_hosts():
     nbytes = 2 * 4 * 800_000 / 8
     one = 8 * nbytes / 2 / 10e9 + cost.hw.alpha_net
     assert got == pytest.approx(2 * one)
+
+
+# -- operations dispatched -------------------------------------------------------------------
+
+def with_ops(ops, flops=1e9, n=8):
+    layer = Layer("block", 1_000_000, flops, act_split=1e6, act_kept=0.0, boundary=1e4,
+                  split=True, repeated=True, ops=ops)
+    return ModelProfile("ops", [layer] * n)
+
+
+def test_cpu_ranks_pay_for_every_operation_a_layer_dispatches():
+    """A layer of 40 operations costs 20 tiny module calls per pass on CPU ranks, one where
+    nobody counted them; the backward's passes are two."""
+    overhead, batch = 1e-4, 64
+    counted = model(with_ops(40), batch=batch, layer_overhead=overhead,
+                    dispatch_hidden=False).estimate(Candidate(1, 1, 1))
+    uncounted = model(with_ops(0), batch=batch, layer_overhead=overhead,
+                      dispatch_hidden=False).estimate(Candidate(1, 1, 1))
+    arithmetic = 3 * 8 * 1e9 * batch / 100e12
+    assert uncounted.time["compute"] == pytest.approx(arithmetic + 3 * 8 * overhead)
+    assert counted.time["compute"] == pytest.approx(arithmetic + 3 * 8 * 20 * overhead)
+
+
+@pytest.mark.parametrize("flops, dispatch_shows", [(1e10, False), (1e4, True)])
+def test_a_gpu_hides_dispatch_behind_arithmetic_that_outlasts_it(flops, dispatch_shows):
+    overhead, batch = 1e-4, 64
+    estimate = model(with_ops(40, flops=flops), batch=batch, layer_overhead=overhead).estimate(
+        Candidate(1, 1, 1))
+    arithmetic = 3 * 8 * flops * batch / 100e12
+    hooks, dispatch = 3 * 8 * overhead, 3 * 8 * 19 * overhead
+    assert estimate.time["compute"] == pytest.approx(
+        hooks + (dispatch if dispatch_shows else arithmetic))
+
+
+def test_recomputing_a_block_dispatches_its_operations_again():
+    c = Candidate(1, 1, 1, checkpointing=True)
+    costly = model(with_ops(40), layer_overhead=1e-4, dispatch_hidden=False).estimate(c)
+    cheap = model(with_ops(0), layer_overhead=1e-4, dispatch_hidden=False).estimate(c)
+    assert costly.time["recompute"] - cheap.time["recompute"] == pytest.approx(8 * 19 * 1e-4)
+
+
+# -- pipeline sends --------------------------------------------------------------------------
+
+def test_a_pipeline_sends_each_boundary_once_then_the_largest_per_later_microbatch():
+    """Along the critical path: every stage's output for the first microbatch (the last
+    stage's, the model's output, back to the first stage), each later microbatch's largest,
+    and the gradients back; not (m + p - 1) times the slowest stage's."""
+    small, large = 1e3, 1e5  # bytes per sample: the blocks' outputs, the model's output
+    block = Layer("block", 1000, 1e6, act_split=1e3, act_kept=0.0, boundary=small,
+                  split=True, repeated=True)
+    head = attrs.evolve(block, name="head", boundary=large, repeated=False)
+    profile = ModelProfile("p2p", [block] * 7 + [head])
+    bw, alpha, batch = 10e9, 1e-5, 16
+    for p, m in [(2, 1), (4, 1), (4, 8)]:
+        c = Candidate(1, p, 1, microbatches=m)
+        estimate = model(profile, batch=batch, intra_bw=bw, alpha_intra=alpha).estimate(c)
+        micro = batch / m  # fp16: the profile's 16-bit unit
+        sends = [small * micro / bw + alpha] * (p - 1) + [large * micro / bw + alpha]
+        assert estimate.time["pipeline_p2p"] == pytest.approx(
+            2 * (sum(sends) + (m - 1) * max(sends)))
+    assert model(profile).estimate(Candidate(1, 1, 1)).time["pipeline_p2p"] == 0.0

@@ -187,3 +187,61 @@ def test_from_mapping_reads_string_values_and_refuses_unknown_or_non_int_ones():
         from_mapping({**base, "hidden": 64.0})
     with pytest.raises(ValidationError, match="'layers' must be an int"):
         from_mapping({**base, "layers": True})
+
+
+def _reference_block(h, heads, gated, dropout):
+    """A pre-layer-norm GPT block as the GPT-style training scripts write it."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+            self.up, self.gate, self.down = nn.Linear(h, 4 * h), nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+            self.p = 0.1 if dropout else 0.0
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(h, dim=-1)
+            q, k, v = [y.view(b, t, heads, -1).transpose(1, 2) for y in (q, k, v)]
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(h // heads)
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            y = F.dropout(scores.masked_fill(causal, float("-inf")).softmax(-1), self.p) @ v
+            x = x + F.dropout(self.proj(y.transpose(1, 2).reshape(b, t, h)), self.p)
+            z = self.ln2(x)
+            z = F.silu(self.gate(z)) * self.up(z) if gated else F.gelu(self.up(z))
+            return x + F.dropout(self.down(z), self.p)
+
+    return Block()
+
+
+@pytest.mark.parametrize("gated, dropout", [(False, False), (False, True), (True, False),
+                                            (True, True)])
+def test_a_blocks_operations_are_those_a_reference_block_dispatches(gated, dropout):
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    h, heads = 64, 4
+    block = _reference_block(h, heads, gated, dropout).to("meta").train()
+    with Count():
+        block(torch.empty(2, 16, h, device="meta"))
+    spec = TransformerSpec(layers=2, hidden=h, heads=heads, seq=16, vocab=128, gated=gated,
+                           dropout=dropout)
+    assert spec.block_ops == Count.ops
+    layer = next(layer for layer in spec.profile().layers if layer.repeated)
+    assert layer.ops == Count.ops and layer.calls == Count.ops / 2
+    fused = TransformerSpec(layers=2, hidden=h, heads=heads, seq=16, vocab=128, gated=gated,
+                            dropout=dropout, flash=True)
+    assert fused.block_ops < spec.block_ops

@@ -194,6 +194,19 @@ def test_local_ranks_share_this_machines_cores_and_gpus_do_not(monkeypatch):
     assert strategy.hardware("ml.p4d.24xlarge", 4, "fp16").contention == 1.0
     measured = strategy.Calibration(contention=1.5)
     assert strategy.hardware("local", 2, "fp32", constraints, measured).contention == 1.5
+    # a probe reading more than ranks per core (its small matmul, in cache alone) is capped:
+    # a single-threaded rank alone runs on one core at most
+    cached = strategy.Calibration(contention=2.9)
+    assert strategy.hardware("local", 2, "fp32", constraints, cached).contention == 2.0
+    assert strategy.hardware("local", 1, "fp32", constraints, cached).contention == 1.0
+    assert strategy.hardware("local_gpu", 2, "fp32", constraints, cached).contention == 2.9
+
+
+def test_cpu_ranks_dispatch_in_line_and_gpus_behind_their_arithmetic():
+    constraints = strategy.Constraints(processes_per_host=2)
+    assert not strategy.hardware("local", 2, "fp32", constraints).dispatch_hidden
+    assert strategy.hardware("local_gpu", 2, "fp32", constraints).dispatch_hidden
+    assert strategy.hardware("ml.p4d.24xlarge", 4, "fp16").dispatch_hidden
 
 
 def test_a_calibration_replaces_the_instance_tables_figures():

@@ -202,3 +202,17 @@ def test_a_forward_that_refuses_the_sample_names_its_shape(mlp):
 def test_a_sample_shape_must_be_positive(mlp, shape):
     with pytest.raises(ValidationError, match="must be positive integers"):
         profile_factory(f"{mlp}:build", shape)
+
+
+def test_each_layer_counts_the_operations_its_forward_dispatches(mlp):
+    """What a layer costs the host per pass: a block's two linears (a transpose and a fused
+    multiply-add each), its activation and its residual add; a module call is the unit."""
+    from shoal.planning.models import LINEAR_OPS
+
+    layers = {layer.name: layer for layer in profile_factory(f"{mlp}:build", (8, 16)).layers}
+    assert LINEAR_OPS == 2
+    assert layers["prologue"].ops == layers["epilogue"].ops == LINEAR_OPS
+    for i in range(4):
+        assert layers[f"block{i}"].ops == 2 * LINEAR_OPS + 2
+        assert layers[f"block{i}"].calls == 3.0
+    assert layers["prologue"].calls == 1.0

@@ -19,7 +19,9 @@ Memory (bytes on the most loaded device, the first pipeline stage):
 Time (seconds per step):
 
 * compute: forward and backward (twice the forward) FLOPs at the device's effective rate, plus
-  a fixed cost per layer and microbatch (kernel launches, hooks), plus the recomputed forward;
+  a fixed cost per layer and microbatch (hooks, one module call) and the dispatch of each
+  further operation the layer runs (counted when its forward is traced; a GPU hides it behind
+  the arithmetic, CPU ranks add it), plus the recomputed forward;
 * the pipeline's fill and drain: ``(m + p - 1)`` microbatch slots of the slowest stage. Where
   ranks share compute units (CPU ranks on shared cores, ``contention`` ranks per unit), a
   slot's figure is its time with every rank busy, and the slots of the fill and drain, with
@@ -66,7 +68,7 @@ class Hardware:
     hosts: int
     memory: float  # usable bytes per device
     flops: float  # effective FLOP/s per device at the training precision
-    layer_overhead: float  # seconds per layer per microbatch (forward; backward twice)
+    layer_overhead: float  # seconds per tiny module call (per pass; the backward is two)
     hbm: float  # bytes/s
     intra_bw: float  # bytes/s per device inside a host (all-reduce bus bandwidth)
     net_bw: float  # bytes/s per host
@@ -76,6 +78,10 @@ class Hardware:
     # ranks per compute unit: 1 where each rank has its own device; CPU ranks sharing cores
     # (local mode) compute this much faster while their peers idle
     contention: float = 1.0
+    # a GPU computes while its host dispatches the next operations, so their dispatch costs
+    # time only where it outlasts the arithmetic (small microbatches); CPU ranks compute
+    # what they dispatch, one after the other
+    dispatch_hidden: bool = True
 
     @property
     def devices(self) -> int:
@@ -222,6 +228,8 @@ class StageSums:
     tp_bytes: float
     tp_calls: int
     out_boundary: float
+    calls: float  # fixed cost per pass, in tiny module calls (Layer.calls)
+    repeated_calls: float
 
     @classmethod
     def of(cls, layers) -> StageSums:
@@ -244,7 +252,8 @@ class StageSums:
             block_split=max((x.act_split for x in rep), default=0.0),
             block_kept=max((x.act_kept for x in rep), default=0.0),
             tp_bytes=sum(x.tp_comm for x in split), tp_calls=sum(2 for x in split if x.tp_comm),
-            out_boundary=layers[-1].boundary)
+            out_boundary=layers[-1].boundary, calls=sum(x.calls for x in layers),
+            repeated_calls=sum(x.calls for x in rep))
 
 
 class CostModel:
@@ -360,11 +369,12 @@ class CostModel:
         """Times of one microbatch's forward and backward on this stage, and step terms."""
         hw, t = self.hw, c.tensor
         flops = (s.flops_split / t + s.flops_kept) * micro
-        compute = 3 * flops / hw.flops + 3 * s.layers * hw.layer_overhead
+        compute = self._host_and_device(3 * flops / hw.flops, 3 * s.layers, 3 * s.calls)
         recompute = 0.0
         if c.checkpointing:
-            recompute = ((s.recompute_split / t + s.recompute_kept) * micro / hw.flops
-                         + s.repeated * hw.layer_overhead)
+            recompute = self._host_and_device(
+                (s.recompute_split / t + s.recompute_kept) * micro / hw.flops, s.repeated,
+                s.repeated_calls)
         tp = 0.0
         if t > 1:
             passes = 3 if c.checkpointing else 2
@@ -391,6 +401,16 @@ class CostModel:
                 "sharded_fixed": sharded_fixed,
                 "backward": backward, "params": params, "persistent": kept}
 
+    def _host_and_device(self, arithmetic: float, layers: float, calls: float) -> float:
+        """Seconds of layers' passes: their arithmetic, each layer's fixed cost (hooks, one
+        module call), and the dispatch of their further operations, which a GPU's queue
+        hides behind the arithmetic and CPU ranks add to it."""
+        hw = self.hw
+        dispatch = (calls - layers) * hw.layer_overhead
+        if hw.dispatch_hidden:
+            return layers * hw.layer_overhead + max(arithmetic, dispatch)
+        return layers * hw.layer_overhead + arithmetic + dispatch
+
     # -- the step ------------------------------------------------------------------------
     def _step(self, c: Candidate, s: dict) -> dict:
         m, p = c.microbatches, c.pipeline
@@ -403,7 +423,7 @@ class CostModel:
             "pipeline_bubble": max(0.0, schedule_slots(m, p, self.hw.contention) * work
                                    - m * work),
             "tensor_parallel": slots * s["tp"],
-            "pipeline_p2p": slots * s["p2p"],
+            "pipeline_p2p": self._pipeline_sends(c),
             "sharded_data_parallel": m * (exposed_sdp + s["sharded_fixed"]),
         }
         dp = self._data_parallel(c, s["params"])
@@ -418,6 +438,19 @@ class CostModel:
         if c.sharded > 1:
             time["sharded_data_parallel"] += self._sharded_step(c, s)
         return time
+
+    def _pipeline_sends(self, c: Candidate) -> float:
+        """The sends on a pipeline step's critical path: the first microbatch's output of
+        every stage in turn (the last stage's, the model's output, goes back to the first
+        stage, which computes the loss), each later microbatch's largest one, and their
+        gradients back the same way."""
+        if c.pipeline == 1:
+            return 0.0
+        micro = self.w.global_batch / (c.data * c.microbatches)
+        bw, alpha = self._link(c.tensor * c.pipeline <= self.hw.gpus_per_host)
+        sends = [s.out_boundary * micro * self.w.activation_scale / bw + alpha
+                 for s in self.stage_sums(c.pipeline)]
+        return 2 * (sum(sends) + (c.microbatches - 1) * max(sends))
 
     def _sharded_step(self, c: Candidate, s: dict) -> float:
         """Once a step: the gradients, summed over the microbatches, reduce-scattered behind

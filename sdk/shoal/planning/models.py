@@ -22,6 +22,18 @@ import attrs
 from shoal.errors import ValidationError
 
 
+# operations an ``nn.Linear`` forward dispatches (a transpose and a fused multiply-add)
+LINEAR_OPS = 2
+# A pre-layer-norm GPT block's forward, as dispatched (tests/unit/test_planning_models.py traces
+# a reference block to check them): two layer norms, four linears, the attention's scores
+# (matmuls, scale, causal mask, softmax and their views), two residual adds
+BLOCK_OPS = 54
+GATED_OPS = 5  # a third linear and the gate's product
+DROPOUT_OPS = 12  # three dropouts, each with its mask
+FUSED_ATTENTION_SAVES = 13  # a fused kernel for the scores' matmuls, scale, mask and softmax
+EMBEDDING_OPS, HEAD_OPS = 4, 6  # token and position lookups and their sum; the norm and linear
+
+
 @attrs.frozen
 class Layer:
     """One layer of the model, in the order the forward runs them."""
@@ -37,10 +49,18 @@ class Layer:
     repeated: bool = False  # one of the model's stack of identical blocks (checkpointed ones)
     speed: float = 1.0  # its FLOP rate relative to a large matmul's, where measured
     largest: int = 0  # elements of its largest parameter tensor (0: one tensor of ``params``)
+    ops: int = 0  # operations its forward dispatches (0: not counted, priced as one module)
 
     @property
     def largest_tensor(self) -> int:
         return self.largest or self.params
+
+    @property
+    def calls(self) -> float:
+        """Its fixed cost per pass in units of a tiny ``nn.Linear`` call (what the calibration
+        probe times as ``layer_overhead``): every dispatched operation costs about the same
+        on the host, whatever its size, which dominates small microbatches."""
+        return max(1.0, self.ops / LINEAR_OPS)
 
 
 @attrs.frozen
@@ -115,6 +135,11 @@ class TransformerSpec:
     def kv_heads_(self) -> int:
         return self.kv_heads or self.heads
 
+    @property
+    def block_ops(self) -> int:
+        return (BLOCK_OPS + GATED_OPS * self.gated + DROPOUT_OPS * self.dropout
+                - FUSED_ATTENTION_SAVES * self.flash)
+
     def profile(self) -> ModelProfile:
         h, s, v, a = self.hidden, self.seq, self.vocab, self.heads
         kv = h * self.kv_heads_ // a
@@ -131,13 +156,15 @@ class TransformerSpec:
         mlp_act = (6 if self.gated else 4) * s * self.ffn_
         block = Layer("block", block_params, block_flops, act_split=8 * s * h + mlp_act + scores,
                       act_kept=kept * s * h, boundary=2 * s * h, tp_comm=2 * 2 * s * h,
-                      split=True, repeated=True, largest=max(h * self.ffn_, h * h))
+                      split=True, repeated=True, largest=max(h * self.ffn_, h * h),
+                      ops=self.block_ops)
         embedding = Layer("embedding", v * h + s * h, 0.0, act_split=0.0, act_kept=2 * s * h,
-                          boundary=2 * s * h, tp_comm=2 * s * h, split=True, largest=v * h)
+                          boundary=2 * s * h, tp_comm=2 * s * h, split=True, largest=v * h,
+                          ops=EMBEDDING_OPS)
         # logits in 16 bits and the fp32 softmax of the loss (vocabulary-parallel under TP)
         head = Layer("head", (0 if self.tied else v * h) + 2 * h, 2 * s * h * v,
                      act_split=6 * s * v, act_kept=2 * s * h, boundary=4, split=True,
-                     largest=0 if self.tied else v * h)
+                     largest=0 if self.tied else v * h, ops=HEAD_OPS)
         layers = [embedding] + [attrs.evolve(block, name=f"block{i}")
                                 for i in range(self.layers)] + [head]
         return ModelProfile("transformer", layers, heads=a, sequence=s,

@@ -145,9 +145,14 @@ def hardware(instance_type: str, instance_count: int, precision: str,
         flops=spec.tflops(precision) * 1e12 * constraints.efficiency,
         layer_overhead=constraints.layer_overhead, hbm=spec.hbm_gbps * 1e9 * 0.8,
         intra_bw=spec.intra_gbps * 1e9, net_bw=spec.network_gbits / 8 * 1e9 * 0.8,
-        contention=contention)
+        contention=contention, dispatch_hidden=instance_type != "local")
     if calibration is not None:
         figures.update({k: v for k, v in attrs.asdict(calibration).items() if v is not None})
+        if instance_type == "local":
+            # a single-threaded rank alone runs on one core at most: the probe's small matmul
+            # reads more than ranks per core (its operands stay in cache when it runs alone),
+            # which the model's larger layers do not see
+            figures["contention"] = min(figures["contention"], max(contention, 1.0))
     return Hardware(**figures)
 
 

@@ -100,7 +100,7 @@ class _Trace:
     def __init__(self, blocks):
         self.blocks = blocks
         self.current = "prologue"
-        self.flops, self.saved, self.boundary, self.tp = {}, {}, {}, {}
+        self.flops, self.saved, self.boundary, self.tp, self.ops = {}, {}, {}, {}, {}
         self.counter = None
         self.mark = 0.0
         self.block_input: list = []
@@ -142,7 +142,7 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
     x = _sample(model, sample_shape)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                FlopCounterMode(display=False) as counter:
+                FlopCounterMode(display=False) as counter, _op_counter(trace):
             trace.counter = counter
             out = model(x)
             trace.switch("done")
@@ -153,6 +153,18 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
         for handle in handles:
             handle.remove()
     return _profile(model, name, stack, trace, x.shape[0], out)
+
+
+def _op_counter(trace: _Trace):
+    """A dispatch mode that counts the operations each layer's forward dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            trace.ops[trace.current] = trace.ops.get(trace.current, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    return Count()
 
 
 def _enter(trace: _Trace, name: str, args) -> None:
@@ -217,7 +229,7 @@ def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True,
     return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=saved if split
                  else 0.0, act_kept=0.0 if split else saved, boundary=boundary,
                  tp_comm=trace.tp.get(key, 0.0) / batch if split else 0.0, split=split,
-                 repeated=repeated, largest=largest)
+                 repeated=repeated, largest=largest, ops=trace.ops.get(key, 0))
 
 
 def _largest(params) -> int:

@@ -4,7 +4,6 @@ import itertools
 import random
 
 import attrs
-
 import pytest
 from shoal.planning.costs import (
     Candidate,

@@ -21,7 +21,6 @@ import attrs
 
 from shoal.errors import ValidationError
 
-
 # operations an ``nn.Linear`` forward dispatches (a transpose and a fused multiply-add)
 LINEAR_OPS = 2
 # A pre-layer-norm GPT block's forward, as dispatched (tests/unit/test_planning_models.py traces

@@ -155,7 +155,7 @@ def profile(model: str):
             net = mlp_model()
         return profile_module(net, (8, MLP["tokens"], MLP["inputs"]), name="mlp")
     spec = TransformerSpec(layers=GPT["layers"], hidden=GPT["hidden"], heads=GPT["heads"],
-                           seq=GPT["seq"], vocab=GPT["vocab"], tied=False)
+                           seq=GPT["seq"], vocab=GPT["vocab"], tied=False, dropout=False)
     prof = spec.profile()
     # the grid's embedding and head are plain modules: replicated under tensor parallelism;
     # the model returns its logits (2 bytes per element in the profile's unit) and the step

@@ -169,9 +169,16 @@ def test_a_pipelines_first_stage_holds_the_models_output_and_the_loss():
     profile = ModelProfile("uniform", [layer] * 4)
     cost = model(profile, batch=64)
     piped = cost.estimate(Candidate(1, 2, 1, microbatches=8))
-    # per microbatch in flight (pipeline + 2 of 8): output, log-softmax, both gradients, softmax
-    assert piped.memory["step_outputs"] == pytest.approx(5 * 1e5 * (64 / 8) * 4)
+    # per microbatch in flight (pipeline + 2 of 8): the output and its log-softmax; for the
+    # one whose loss runs its backward, both gradients and the softmax
+    assert piped.memory["step_outputs"] == pytest.approx((2 * 4 + 3) * 1e5 * (64 / 8))
     assert "step_outputs" not in cost.estimate(Candidate(1, 1, 1)).memory
+    # one microbatch: the loss's tensors are gone before the stage's gradients exist, so
+    # only what they hold beyond the gradients (here nothing) adds to the peak
+    once = cost.estimate(Candidate(1, 2, 1, microbatches=1))
+    outputs, gradients = 5 * 1e5 * 64, 2 * 1e6 * 2  # the first stage's 2 layers, 16-bit
+    assert once.memory["gradients"] == pytest.approx(gradients)
+    assert once.memory["step_outputs"] == pytest.approx(outputs - gradients)
 
 
 def test_tensor_parallelism_halves_only_the_layers_it_splits():

@@ -318,12 +318,16 @@ class CostModel:
         }
         micro = w.global_batch / (c.data * c.microbatches)
         memory["activations"] = self._activations(c, s, micro, first)
-        if first and c.pipeline > 1:
-            memory["step_outputs"] = self._step_outputs(c, micro)
         if shard == 1 and c.data > 1:  # the all-reduce works on a copy of each bucket
             memory["gradient_buckets"] = params * w.weight_bytes
         if shard > 1:
             memory.update(self._sharded_memory(c, params, persistent))
+        if first and c.pipeline > 1:
+            outputs = self._step_outputs(c, micro)
+            if c.microbatches == 1:  # output and loss are freed before the stage's gradients
+                outputs = max(0.0, outputs - memory["gradients"]  # exist: the larger counts
+                              - memory.get("gradient_buckets", 0.0))
+            memory["step_outputs"] = outputs
         return memory, self._slot(c, s, micro, params, persistent)
 
     def _sharded_memory(self, c: Candidate, params: float, persistent) -> dict:
@@ -359,10 +363,10 @@ class CostModel:
     def _step_outputs(self, c: Candidate, micro: float) -> float:
         """The model's output comes back to the first stage, where the step function
         computes the loss (SMP runs the top module there): per microbatch in flight, the
-        output, the loss's saved copy of it (log-softmax), and in the backward their
-        gradients and the softmax the loss's gradient is made from."""
-        last = self.stage_sums(c.pipeline)[-1].out_boundary
-        return 5 * last * micro * self.w.activation_scale * active_microbatches(c)
+        output and the loss's saved copy of it (log-softmax); for the one whose loss runs
+        its backward, their gradients and the softmax the loss's gradient is made from."""
+        last = self.stage_sums(c.pipeline)[-1].out_boundary * micro * self.w.activation_scale
+        return (2 * active_microbatches(c) + 3) * last
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float,
               persistent=None) -> dict:

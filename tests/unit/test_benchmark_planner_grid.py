@@ -39,6 +39,17 @@ def test_the_summary_measures_the_pick_against_the_best_within_the_budget():
     assert slower["regret"] == pytest.approx(1.2 / 1.1 - 1)
 
 
+def test_the_summary_also_measures_the_pick_within_the_share_the_planner_plans_on():
+    # "a" fits the budget but not the planner's share of it (its headroom): the pick "c" is
+    # 9 % behind it, and the fastest within the share is "c" itself
+    rows = [row("a", 1.0, 1.1, 95, 95), row("c", 2.0, 1.2, 50, 70)]
+    result = grid.summarize("m", rows, budget=100, pick_config="c")
+    assert result["best"] == "a" and result["regret"] == pytest.approx(1.2 / 1.1 - 1)
+    assert result["best_in_share"] == "c" and result["regret_in_share"] == pytest.approx(0.0)
+    nothing = grid.summarize("m", rows, budget=100, pick_config=None)
+    assert nothing["regret"] is None and nothing["regret_in_share"] is None
+
+
 def test_repeated_runs_give_the_median_time_the_live_peak_and_the_largest_rss():
     live = {"seconds": 0.9, "memory": 4}
     row = grid.combine([{"seconds": 0.3, "memory": 5}, {"seconds": 0.1, "memory": 9},

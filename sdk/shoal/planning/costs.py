@@ -268,6 +268,7 @@ class CostModel:
         self.loads = tuple(layer.flops / total_flops + 0.2 * layer.params / total_params
                            for layer in self.layers)
         self._sums: dict[int, list[StageSums]] = {}
+        self._outputs: dict[int, tuple[float, float]] = {}
         self._persistent: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
 
     def stage_sums(self, pipeline: int) -> list[StageSums]:
@@ -373,12 +374,17 @@ class CostModel:
         """Times of one microbatch's forward and backward on this stage, and step terms."""
         hw, t = self.hw, c.tensor
         flops = (s.flops_split / t + s.flops_kept) * micro
-        compute = self._host_and_device(3 * flops / hw.flops, 3 * s.layers, 3 * s.calls)
+        # each layer's fixed cost (hooks, one module call), and the dispatch of its further
+        # operations, which a GPU's queue hides behind longer arithmetic and CPU ranks add
+        arithmetic, dispatch = 3 * flops / hw.flops, 3 * (s.calls - s.layers) * hw.layer_overhead
+        compute = 3 * s.layers * hw.layer_overhead + (
+            max(arithmetic, dispatch) if hw.dispatch_hidden else arithmetic + dispatch)
         recompute = 0.0
         if c.checkpointing:
-            recompute = self._host_and_device(
-                (s.recompute_split / t + s.recompute_kept) * micro / hw.flops, s.repeated,
-                s.repeated_calls)
+            arithmetic = (s.recompute_split / t + s.recompute_kept) * micro / hw.flops
+            dispatch = (s.repeated_calls - s.repeated) * hw.layer_overhead
+            recompute = s.repeated * hw.layer_overhead + (
+                max(arithmetic, dispatch) if hw.dispatch_hidden else arithmetic + dispatch)
         tp = 0.0
         if t > 1:
             passes = 3 if c.checkpointing else 2
@@ -404,16 +410,6 @@ class CostModel:
                 "recompute": recompute, "tp": tp, "p2p": p2p, "sharded": sharded,
                 "sharded_fixed": sharded_fixed,
                 "backward": backward, "params": params, "persistent": kept}
-
-    def _host_and_device(self, arithmetic: float, layers: float, calls: float) -> float:
-        """Seconds of layers' passes: their arithmetic, each layer's fixed cost (hooks, one
-        module call), and the dispatch of their further operations, which a GPU's queue
-        hides behind the arithmetic and CPU ranks add to it."""
-        hw = self.hw
-        dispatch = (calls - layers) * hw.layer_overhead
-        if hw.dispatch_hidden:
-            return layers * hw.layer_overhead + max(arithmetic, dispatch)
-        return layers * hw.layer_overhead + arithmetic + dispatch
 
     # -- the step ------------------------------------------------------------------------
     def _step(self, c: Candidate, s: dict) -> dict:
@@ -450,11 +446,18 @@ class CostModel:
         gradients back the same way."""
         if c.pipeline == 1:
             return 0.0
-        micro = self.w.global_batch / (c.data * c.microbatches)
+        scale = self.w.global_batch / (c.data * c.microbatches) * self.w.activation_scale
         bw, alpha = self._link(c.tensor * c.pipeline <= self.hw.gpus_per_host)
-        sends = [s.out_boundary * micro * self.w.activation_scale / bw + alpha
-                 for s in self.stage_sums(c.pipeline)]
-        return 2 * (sum(sends) + (c.microbatches - 1) * max(sends))
+        total, largest = self._boundaries(c.pipeline)
+        sends = total * scale / bw + c.pipeline * alpha
+        return 2 * (sends + (c.microbatches - 1) * (largest * scale / bw + alpha))
+
+    def _boundaries(self, pipeline: int) -> tuple[float, float]:
+        """The stages' outputs per sample: their sum and the largest (cached per degree)."""
+        if pipeline not in self._outputs:
+            out = [s.out_boundary for s in self.stage_sums(pipeline)]
+            self._outputs[pipeline] = (sum(out), max(out))
+        return self._outputs[pipeline]
 
     def _sharded_step(self, c: Candidate, s: dict) -> float:
         """Once a step: the gradients, summed over the microbatches, reduce-scattered behind

@@ -46,7 +46,7 @@ def fake_aws_credentials(monkeypatch, tmp_path_factory):
 # combination of degrees, ranks or hosts): `make test-matrix` runs them, `make test` leaves them
 # out to keep CI within its time. Each line names the configurations CI keeps.
 MATRIX = {
-    # kept: pp2-dp1 interleaved mb1 and mb8, pp4-dp1 interleaved manual, pp2-dp2 simple spread
+    # kept: pp2-dp1 interleaved mb1, pp4-dp1 interleaved manual, pp2-dp2 simple spread
     "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
     "pp2-dp1-simple-mb4-manual]",
     "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
@@ -90,6 +90,21 @@ MATRIX = {
     # kept: the 1F1B and interleaved pipeline schedules (GPipe sends the same messages)
     "tests/integration/test_torch_frameworks.py::"
     "test_trains_to_the_parameters_gloo_reaches[pipeline:GPipe-2]",
+    # kept: the notebooks, which run these two examples' scripts on two hosts
+    "tests/integration/test_examples.py::test_example_runs_locally[tensorflow-2]",
+    "tests/integration/test_examples.py::test_example_runs_locally[pytorch-2]",
+    # kept: the benchmarks' kernels, each checked against one process by the model-parallel
+    # tests (tensor parallel, sharded data parallel); their scripts' quick runs here
+    "tests/integration/test_benchmark_tensor_parallel.py::"
+    "test_quick_run_prints_every_row_and_equal_results",
+    "tests/integration/test_benchmark_sharded_data_parallel.py::"
+    "test_quick_run_prints_the_row_and_equal_results",
+    # kept: 2 and 3 ranks on one host, and 4 across two simulated hosts
+    "tests/integration/test_torch_groups.py::test_every_group_shape_matches_gloo[4-ranks]",
+    "tests/integration/test_torch_groups.py::test_object_collectives_on_shoal_groups[4-ranks]",
+    # kept: interleaved with 1 microbatch (pp2) and 4 (pp4, manual partition)
+    "tests/integration/test_modelparallel_pipeline.py::test_pipeline_matches_one_process["
+    "pp2-dp1-interleaved-mb8-auto]",
 }
 
 

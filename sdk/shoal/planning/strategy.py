@@ -83,7 +83,7 @@ class Constraints:
     pins: Mapping[str, int] = attrs.field(factory=dict, converter=dict)
     processes_per_host: int | None = None
     efficiency: float = 0.5  # achieved fraction of the GPUs' peak on the model's matmuls
-    layer_overhead: float = 60e-6  # seconds per layer and microbatch (launches, hooks)
+    layer_overhead: float = 60e-6  # seconds per module call and pass (launches, hooks)
     max_microbatches: int = 64
     alternatives: int = 4
     # the model-parallel library must beat plain data parallelism by this much to be chosen:

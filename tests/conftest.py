@@ -67,7 +67,7 @@ MATRIX = {
     # kept: the PyTorch and smdistributed examples on two hosts (the same scripts)
     "tests/integration/test_examples.py::test_example_runs_locally[pytorch-1]",
     "tests/integration/test_examples.py::test_example_runs_locally[smdistributed_pytorch-1]",
-    # kept: pipeline x data across two hosts in the examples' pp2 x dp2 job on 2 hosts and on
+    # kept: pipeline x data across two hosts in the model-parallel notebook's job and on
     # the Slurm cluster's two nodes; pp2-dp2 spread placement on one host
     "tests/integration/test_modelparallel_pipeline.py::"
     "test_two_simulated_hosts_pipeline_across_hosts",

@@ -499,10 +499,9 @@ def report(results: list, calibration, names: bool = False) -> None:
               f"{result['best']}; regret {'n/a' if regret is None else f'{regret:.1%}'}; "
               f"predicted to fit but over budget: {result['over_budget'] or 'none'}; "
               f"failed: {result['failed'] or 'none'}")
-        share = result.get("regret_in_share")
+        share = result["regret_in_share"]
         print(f"within the {usable(result['budget']) / mib:.0f} MiB the planner plans on: best "
-              f"measured "
-              f"{result.get('best_in_share')}; regret "
+              f"measured {result['best_in_share']}; regret "
               f"{'n/a' if share is None else f'{share:.1%}'}\n")
 
 

@@ -256,6 +256,15 @@ class StageSums:
             repeated_calls=sum(x.calls for x in rep))
 
 
+def _passes(hw: Hardware, arithmetic: float, layers: int, calls: float) -> float:
+    """Seconds of one pass over layers: each layer's fixed cost (hooks, one module call) and
+    the dispatch of its further operations, which a GPU's queue hides behind longer
+    arithmetic and CPU ranks add to it."""
+    dispatch = (calls - layers) * hw.layer_overhead
+    hidden = max(arithmetic, dispatch) if hw.dispatch_hidden else arithmetic + dispatch
+    return layers * hw.layer_overhead + hidden
+
+
 class CostModel:
     """Estimates for one workload on one cluster; caches what every candidate shares."""
 
@@ -374,17 +383,11 @@ class CostModel:
         """Times of one microbatch's forward and backward on this stage, and step terms."""
         hw, t = self.hw, c.tensor
         flops = (s.flops_split / t + s.flops_kept) * micro
-        # each layer's fixed cost (hooks, one module call), and the dispatch of its further
-        # operations, which a GPU's queue hides behind longer arithmetic and CPU ranks add
-        arithmetic, dispatch = 3 * flops / hw.flops, 3 * (s.calls - s.layers) * hw.layer_overhead
-        compute = 3 * s.layers * hw.layer_overhead + (
-            max(arithmetic, dispatch) if hw.dispatch_hidden else arithmetic + dispatch)
+        compute = 3 * _passes(hw, flops / hw.flops, s.layers, s.calls)
         recompute = 0.0
         if c.checkpointing:
-            arithmetic = (s.recompute_split / t + s.recompute_kept) * micro / hw.flops
-            dispatch = (s.repeated_calls - s.repeated) * hw.layer_overhead
-            recompute = s.repeated * hw.layer_overhead + (
-                max(arithmetic, dispatch) if hw.dispatch_hidden else arithmetic + dispatch)
+            recompute = _passes(hw, (s.recompute_split / t + s.recompute_kept) * micro / hw.flops,
+                                s.repeated, s.repeated_calls)
         tp = 0.0
         if t > 1:
             passes = 3 if c.checkpointing else 2

@@ -152,7 +152,7 @@ def hardware(instance_type: str, instance_count: int, precision: str,
             # a single-threaded rank alone runs on one core at most: the probe's small matmul
             # reads more than ranks per core (its operands stay in cache when it runs alone),
             # which the model's larger layers do not see
-            figures["contention"] = min(figures["contention"], max(contention, 1.0))
+            figures["contention"] = min(figures["contention"], contention)
     return Hardware(**figures)
 
 

@@ -53,12 +53,15 @@ def test_a_block_slower_than_its_flops_gets_a_lower_speed(factory):
     assert 0.01 <= busy_speed < dense_speed / 5 <= 2.0 / 5
     assert all(layer.speed == busy_speed for layer in busy.layers if layer.repeated)
     assert dense.description["block_seconds"] > 0
+    # the timed block's operations were dispatched within its measured time: counted once
+    assert all(layer.ops == 0 for layer in busy.layers if layer.repeated)
 
 
 def test_without_measuring_every_speed_is_one(factory):
     profile = profile_factory(f"{factory}:dense", (64, 512))
     assert {layer.speed for layer in profile.layers} == {1.0}
     assert "block_speed" not in profile.description
+    assert all(layer.ops > 0 for layer in profile.layers if layer.repeated)
 
 
 def test_the_cost_model_prices_flops_at_the_measured_speed(factory):

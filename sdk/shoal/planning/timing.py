@@ -59,7 +59,8 @@ def measure_block_speed(model, profile: ModelProfile, repeats: int = 3) -> Model
     batch = profile.description.get("sample_batch", 1)
     ideal = 3 * flops * batch / matmul_rate(512, repeats)
     speed = min(max(ideal / seconds, SPEED_RANGE[0]), SPEED_RANGE[1])
-    layers = [attrs.evolve(layer, speed=speed) if layer.repeated else layer
+    # the time measured includes the block's dispatch of its operations: not priced again
+    layers = [attrs.evolve(layer, speed=speed, ops=0) if layer.repeated else layer
               for layer in profile.layers]
     description = {**profile.description, "block_speed": speed, "block_seconds": seconds}
     return attrs.evolve(profile, layers=layers, description=description)

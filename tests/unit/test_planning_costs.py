@@ -168,16 +168,23 @@ def test_a_pipelines_first_stage_holds_the_models_output_and_the_loss():
     layer = Layer("block", 1_000_000, 1e9, 1e6, 0.0, boundary=1e5, split=True, repeated=True)
     profile = ModelProfile("uniform", [layer] * 4)
     cost = model(profile, batch=64)
-    piped = cost.estimate(Candidate(1, 2, 1, microbatches=8))
-    # per microbatch in flight (pipeline + 2 of 8): the output and its log-softmax; for the
-    # one whose loss runs its backward, both gradients and the softmax
-    assert piped.memory["step_outputs"] == pytest.approx((2 * 4 + 3) * 1e5 * (64 / 8))
+    gradients = 2 * 1e6 * 2  # the first stage's 2 layers, 16-bit
+    piped = cost.estimate(Candidate(1, 2, 1, microbatches=4))
+    assert piped.memory["gradients"] == pytest.approx(gradients)
+    # per microbatch in flight (all 4; pipeline + 2 at most): the output and its
+    # log-softmax; for the one whose loss runs its backward, both gradients and the softmax.
+    # Those five are freed before the stage's gradients exist: the larger of them all less
+    # the gradients, and the other 3 microbatches' outputs beside the gradients, counts
+    assert piped.memory["step_outputs"] == pytest.approx((2 * 4 + 3) * 1e5 * 16 - gradients)
+    # a small output (five of it under the gradients): the others' outputs are the peak
+    small = model(ModelProfile("uniform", [layer] * 3 + [attrs.evolve(layer, boundary=1e4)]),
+                  batch=64).estimate(Candidate(1, 2, 1, microbatches=4))
+    assert small.memory["step_outputs"] == pytest.approx(2 * 3 * 1e4 * 16)
     assert "step_outputs" not in cost.estimate(Candidate(1, 1, 1)).memory
     # one microbatch: the loss's tensors are gone before the stage's gradients exist, so
     # only what they hold beyond the gradients (here nothing) adds to the peak
     once = cost.estimate(Candidate(1, 2, 1, microbatches=1))
-    outputs, gradients = 5 * 1e5 * 64, 2 * 1e6 * 2  # the first stage's 2 layers, 16-bit
-    assert once.memory["gradients"] == pytest.approx(gradients)
+    outputs = 5 * 1e5 * 64
     assert once.memory["step_outputs"] == pytest.approx(outputs - gradients)
 
 

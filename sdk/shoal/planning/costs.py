@@ -333,11 +333,8 @@ class CostModel:
         if shard > 1:
             memory.update(self._sharded_memory(c, params, persistent))
         if first and c.pipeline > 1:
-            outputs = self._step_outputs(c, micro)
-            if c.microbatches == 1:  # output and loss are freed before the stage's gradients
-                outputs = max(0.0, outputs - memory["gradients"]  # exist: the larger counts
-                              - memory.get("gradient_buckets", 0.0))
-            memory["step_outputs"] = outputs
+            memory["step_outputs"] = self._step_outputs(
+                c, micro, memory["gradients"] + memory.get("gradient_buckets", 0.0))
         return memory, self._slot(c, s, micro, params, persistent)
 
     def _sharded_memory(self, c: Candidate, params: float, persistent) -> dict:
@@ -370,13 +367,19 @@ class CostModel:
             in_flight = min(c.microbatches, c.pipeline)
         return per_sample * micro * self.w.activation_scale * in_flight + recomputing
 
-    def _step_outputs(self, c: Candidate, micro: float) -> float:
+    def _step_outputs(self, c: Candidate, micro: float, gradients: float) -> float:
         """The model's output comes back to the first stage, where the step function
         computes the loss (SMP runs the top module there): per microbatch in flight, the
         output and the loss's saved copy of it (log-softmax); for the one whose loss runs
-        its backward, their gradients and the softmax the loss's gradient is made from."""
+        its backward, their gradients and the softmax the loss's gradient is made from.
+
+        That backward frees its microbatch's five before the stage's own backward makes the
+        ``gradients`` (and their buckets), which stay to the step's end: the peak is the
+        larger of all of them less the gradients (the first microbatch's loss, before any
+        gradient exists) and the other microbatches' outputs beside the gradients."""
         last = self.stage_sums(c.pipeline)[-1].out_boundary * micro * self.w.activation_scale
-        return (2 * active_microbatches(c) + 3) * last
+        active = active_microbatches(c)
+        return max((2 * active + 3) * last - gradients, 2 * (active - 1) * last, 0.0)
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float,
               persistent=None) -> dict:

@@ -44,6 +44,10 @@ def test_pytorch_model_parallel_notebook(tmp_path, monkeypatch):
     text = outputs(run_notebook(NOTEBOOKS / "pytorch_model_parallel.ipynb"))
     assert "next-token accuracy" in text and "model.tar.gz" in text
     assert "tensor x pipeline next-token accuracy" in text
+    # the tensor-parallel job's own log, as the estimator streams it into the notebook
+    assert "pipeline 2 x tensor 2 x data parallel 1 (2 data-parallel ranks)" in text
+    assert ("tensor parallel: 9 modules distributed (DistributedEmbedding, DistributedLinear)"
+            in text)
     assert "'model.pt_1_1.pt'" in text and "'model_full.pt'" in text
 
 

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import botocore.exceptions
 import pytest
@@ -405,3 +406,27 @@ def test_run_sends_secrets_when_allowed_by_flag_or_job_file(root, capsys, tmp_pa
     request = json.loads(out)
     assert request["HyperParameters"]["api_key"] == "***"  # redacted, but sent
     assert request["Environment"] == {"GITHUB_TOKEN": "***"}
+
+
+EXAMPLE_JOBS = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/job*.yaml"))
+
+
+@pytest.mark.parametrize("job_file", EXAMPLE_JOBS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_example_job_file_dry_runs_to_its_distribution(root, capsys, job_file):
+    """The job files the README and the examples print (their runs are the integration
+    tests' and the notebooks'): each resolves to a request whose hyperparameters carry the
+    file's distribution, as SageMaker's SDK sends it."""
+    spec = yaml.safe_load(job_file.read_text())
+    code, out, err = run(capsys, "run", str(job_file), "--dry-run", "--job-name", "example")
+    assert code == 0, err
+    request = json.loads(out)
+    assert request["ResourceConfig"]["InstanceCount"] == spec["instance_count"]
+    hps = {k: json.loads(v) for k, v in request["HyperParameters"].items()}
+    assert hps["sagemaker_program"] == spec["entry_point"]
+    mpi = spec["distribution"].get("mpi", {})
+    if mpi:
+        assert hps["sagemaker_mpi_enabled"] is True
+        assert hps["sagemaker_mpi_num_of_processes_per_host"] == mpi["processes_per_host"]
+    parallel = spec["distribution"].get("smdistributed", {}).get("modelparallel")
+    if parallel:
+        assert hps["mp_parameters"] == parallel["parameters"]

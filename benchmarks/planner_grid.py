@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/planner_grid.py [--models mlp,transformer] [--batch 16]
         [--steps 4] [--warmup 2] [--max-microbatches 4] [--rounds 1] [--budget-fraction 0.7]
         [--json out.json] [--quick]
+    .venv/bin/python benchmarks/planner_grid.py --max-microbatches 2 phases --model mlp \
+        "data 4" "data 4, activation checkpointing"      (where one step's memory goes)
 
 Two simulated hosts x two processes (4 mpirun ranks; ``SHOAL_HOST`` per rank, so Shoal's
 core and SMP's placement see two hosts of two), ``torch.set_num_threads(1)`` per rank. First
@@ -191,6 +193,7 @@ def worker(args) -> None:
     config = json.loads(args.config)
     smp.init(config["parameters"])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    args.base = _resident()[0] if args.phases else 0
     torch.manual_seed(0)
     with smp.tensor_parallelism(enabled=config["parameters"].get("tensor_parallel_degree",
                                                                  1) > 1):
@@ -208,6 +211,9 @@ def worker(args) -> None:
         model.backward(loss)
         return loss
 
+    if args.phases:
+        phases(args, lambda: train(model, x, y), optimizer, dist)
+        return
     times = []
     for step in range(args.warmup + args.steps):
         dist.barrier()
@@ -224,6 +230,45 @@ def worker(args) -> None:
     if dist.get_rank() == 0:
         print("GRID " + json.dumps({"seconds": statistics.median(times), "steps": times,
                                     "memory": max(grown_all)}), flush=True)
+
+
+def phases(args, train, optimizer, dist) -> None:
+    """Where a step's memory goes, on the last of ``warmup + steps`` steps: the resident set
+    once the model is built, the peak of the forward and backward and of the optimizer step,
+    and what the step leaves, each above the resident set before the model was built (Linux
+    resets the peak, ``VmHWM``, on writing 5 to ``/proc/self/clear_refs``). Largest over the
+    ranks."""
+    found = {"built": _resident()[0] - args.base}
+    for _ in range(args.warmup + args.steps):
+        dist.barrier()
+        optimizer.zero_grad()
+        _reset_peak()
+        train()
+        found["forward_backward_peak"] = _resident()[1] - args.base
+        _reset_peak()
+        optimizer.step()
+        found["optimizer_peak"], found["after_step"] = (
+            value - args.base for value in reversed(_resident()))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, found)
+    if dist.get_rank() == 0:
+        print("GRID " + json.dumps({k: max(r[k] for r in every) for k in found}), flush=True)
+
+
+def _resident() -> tuple[int, int]:
+    """This process's resident set and its peak since the last reset, in bytes."""
+    values = {}
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) * 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+        refs.write("5")
 
 
 # -- the driver --------------------------------------------------------------------------------
@@ -311,6 +356,37 @@ def spearman(xs, ys) -> float:
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
     var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
     return cov / var if var else 0.0
+
+
+def show_phases(args) -> int:
+    """``phases``: one memory run of each named configuration, its phases in a table."""
+    from shoal.planning import explain, strategy
+
+    hw = strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
+        processes_per_host=PER_HOST))
+    by_name = {explain.describe(c): c for c in strategy.candidates(
+        profile(args.model), hw, args.batch, max_microbatches=args.max_microbatches)}
+    unknown = [name for name in args.configs if name not in by_name]
+    if unknown:
+        print(f"unknown configuration(s): {unknown}; known: {sorted(by_name)}",
+              file=sys.stderr)
+        return 2
+    mib = 1024 * 1024
+    print("| configuration | built | forward and backward peak | optimizer step peak "
+          "| after the step |\n|---|---|---|---|---|")
+    for name in args.configs:
+        c = by_name[name]
+        config = json.dumps({"parameters": parameters(c), "batch_per_rank": args.batch // c.data})
+        env = {"SHOAL_ACTIVATION_CHECKPOINTING": "blocks" if c.checkpointing else "off",
+               **LIVE_ENV}
+        out = mpirun([sys.executable, HERE, "worker", "--model", args.model, "--config",
+                      config, "--steps", "2", "--warmup", "1", "--phases"], args.timeout, env)
+        found = json.loads(next(line for line in out.splitlines()
+                                if line.startswith("GRID "))[5:])
+        print(f"| {name} | " + " | ".join(f"{found[k] / mib:.1f}" for k in (
+            "built", "forward_backward_peak", "optimizer_peak", "after_step")) + " |",
+            flush=True)
+    return 0
 
 
 def tiny_reserve(args, c) -> float:
@@ -523,6 +599,11 @@ def main() -> int:
     w.add_argument("--config", required=True)
     w.add_argument("--steps", type=int, default=4)
     w.add_argument("--warmup", type=int, default=2)
+    w.add_argument("--phases", action="store_true")
+    ph = sub.add_parser("phases", help="Where each named configuration's step memory goes "
+                                       "(glibc giving freed memory back), MiB per rank.")
+    ph.add_argument("--model", choices=MODELS, required=True)
+    ph.add_argument("configs", nargs="+", help="As the tables name them, e.g. 'data 4'.")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=4)
@@ -543,6 +624,8 @@ def main() -> int:
     if args.command == "worker":
         worker(args)
         return 0
+    if args.command == "phases":
+        return show_phases(args)
     if args.regrade:
         with open(args.regrade, encoding="utf-8") as handle:
             saved = json.load(handle)

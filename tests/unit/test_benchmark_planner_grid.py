@@ -102,3 +102,24 @@ def test_a_saved_run_is_priced_again_with_the_current_model():
     first = next(c for c in strategy.candidates(grid.profile("mlp"), hw, 16, max_microbatches=2))
     row = next(r for r in results[0]["rows"] if r["config"] == grid.explain_layout(first))
     assert row["predicted_seconds"] == pytest.approx(costs.estimate(first).step_seconds)
+
+
+def test_phases_names_the_configurations_it_knows_when_given_another(capsys):
+    import argparse
+
+    args = argparse.Namespace(model="mlp", configs=["data 4", "data 3"], batch=16,
+                              max_microbatches=2, timeout=10)
+    assert grid.show_phases(args) == 2  # before any job runs
+    err = capsys.readouterr().err
+    assert "unknown configuration(s): ['data 3']" in err and "'data 4'" in err
+
+
+def test_the_resident_set_and_its_peak_are_read_from_proc():
+    # (the kernel's counters are per thread and summed lazily: a few pages may lag)
+    block = b"\x01" * (64 << 20)  # every page written (a mapping of its own)
+    rss = grid._resident()[0]
+    del block  # unmapped: the resident set falls, its peak stays
+    after, peak = grid._resident()
+    assert after < rss - (32 << 20) and peak > after + (32 << 20)
+    grid._reset_peak()  # the peak falls back to the resident set
+    assert grid._resident()[1] < peak - (32 << 20)

@@ -71,6 +71,34 @@ def test_auto_partition_balances_contiguous_layers_and_keeps_the_root_first():
     assert owners[""] == 0
 
 
+class Stack(nn.Module):
+    """The usual GPT layout: the blocks in a ModuleList the forward loops over."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def test_auto_partition_follows_the_forward_through_a_module_list():
+    model = Stack()
+    # the ModuleList itself never runs: it has no trace of its own
+    order = ["", "embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"]
+    owners = P.auto_assignment(model, traces_for(model, order), pp=4, memory_weight=0.8,
+                               use_times=False)
+    ranks = [owners[name] for name in order[1:]]
+    assert ranks == sorted(ranks) and set(ranks) == {0, 1, 2, 3}, owners
+    assert owners["embed"] == 0 and owners["head"] == 3
+
+
 def test_auto_partition_keeps_tied_modules_together():
     model = Tied()
     order = ["", "embed", "body", "body.0", "body.1", "head"]

@@ -147,14 +147,21 @@ def auto_assignment(root: torch.nn.Module, traces: dict[str, ModuleTrace], pp: i
 
 
 def _children(modules, traces) -> dict[str, list[str]]:
-    """Each module's direct children, in the order they first ran (unrun ones last)."""
+    """Each module's direct children, in the order they first ran (unrun ones last). A
+    container that never runs itself (an ``nn.ModuleList`` of blocks, which the parent's
+    forward loops over) runs when its first child does: sorted by its own order, it would
+    come after every sibling that did run, and the segments would not follow the forward."""
     kids: dict[str, list[str]] = {name: [] for name in modules}
     for name in modules:
         if name:
             kids[name.rpartition(".")[0]].append(name)
     late = len(modules)
+    first: dict[str, int] = {}
+    for name in sorted(modules, key=lambda n: -n.count(".") if n else 1):  # deepest first
+        own = traces[name].order if name in traces else late
+        first[name] = min([own, *(first[c] for c in kids[name])])
     for name in kids:
-        kids[name].sort(key=lambda c: traces[c].order if c in traces else late)
+        kids[name].sort(key=first.__getitem__)
     return kids
 
 

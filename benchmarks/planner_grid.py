@@ -247,8 +247,8 @@ def phases(args, train, optimizer, dist) -> None:
         found["forward_backward_peak"] = _resident()[1] - args.base
         _reset_peak()
         optimizer.step()
-        found["optimizer_peak"], found["after_step"] = (
-            value - args.base for value in reversed(_resident()))
+        resident, peak = _resident()
+        found["optimizer_peak"], found["after_step"] = peak - args.base, resident - args.base
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, found)
     if dist.get_rank() == 0:
@@ -360,12 +360,9 @@ def spearman(xs, ys) -> float:
 
 def show_phases(args) -> int:
     """``phases``: one memory run of each named configuration, its phases in a table."""
-    from shoal.planning import explain, strategy
+    from shoal.planning import explain
 
-    hw = strategy.hardware("local", HOSTS, "fp32", strategy.Constraints(
-        processes_per_host=PER_HOST))
-    by_name = {explain.describe(c): c for c in strategy.candidates(
-        profile(args.model), hw, args.batch, max_microbatches=args.max_microbatches)}
+    by_name = {explain.describe(c): c for c in pricing(args, args.model, None)[2]}
     unknown = [name for name in args.configs if name not in by_name]
     if unknown:
         print(f"unknown configuration(s): {unknown}; known: {sorted(by_name)}",

@@ -165,7 +165,12 @@ def profile(model: str):
     layers = [layer if layer.repeated else attrs.evolve(
         layer, split=False, tp_comm=0.0, act_kept=layer.act_kept + layer.act_split,
         act_split=0.0) for layer in prof.layers]
-    layers[-1] = attrs.evolve(layers[-1], boundary=2 * GPT["seq"] * GPT["vocab"])
+    # its head returns the logits (no loss): the last stage holds them, 12 bytes per element
+    # in float32 (in the profile's 16-bit unit, scaled by two), as priced before the loss
+    # term existed
+    head = layers[-1]
+    layers[-1] = attrs.evolve(head, boundary=2 * GPT["seq"] * GPT["vocab"], loss=0.0,
+                              act_kept=head.act_kept + head.loss / 2)
     return attrs.evolve(prof, layers=layers)
 
 

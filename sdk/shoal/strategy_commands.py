@@ -58,7 +58,7 @@ def _model(model: str, sample_input_shape: str | None, measure_blocks: bool = Fa
 
 
 def _calibration(path, calibrate: bool, instance_type, instance_count, processes_per_host,
-                 role, out):
+                 role, out, precision="fp32"):
     from shoal.planning import calibrate as calibrate_
 
     if path and calibrate:
@@ -74,7 +74,7 @@ def _calibration(path, calibrate: bool, instance_type, instance_count, processes
         raise click.UsageError("--calibrate on SageMaker needs --role (the job's IAM role)")
     estimator = calibrate_.probe_estimator(
         instance_type, instance_count, per_host,
-        role=role or "arn:aws:iam::111122223333:role/ShoalLocal")
+        role=role or "arn:aws:iam::111122223333:role/ShoalLocal", precision=precision)
     click.echo(f"calibrating: a {instance_count} x {instance_type} job, {per_host} processes "
                "per host", err=True)
     measured = calibrate_.run(estimator)
@@ -130,7 +130,7 @@ def strategy(model, sample_input_shape, measure_blocks, global_batch, instance_t
                          sequence_length=sequence_length, constraints=constraints,
                          calibration=_calibration(calibration_file, calibrate, instance_type,
                                                   instance_count, processes_per_host, role,
-                                                  calibration_out))
+                                                  calibration_out, precision))
     if output == "json":
         click.echo(json.dumps(plan.to_dict(), indent=2, default=str))
         return

@@ -215,6 +215,21 @@ def test_activations_are_per_sample_bytes_times_the_microbatch_and_double_in_fp3
     assert full.memory["activations"] == pytest.approx(2 * half.memory["activations"])
 
 
+def test_the_loss_is_float32_at_any_precision_and_its_peak_precedes_recomputation():
+    spec = TransformerSpec(layers=2, hidden=256, heads=4, seq=1024, vocab=50000, flash=True)
+    s, v = 1024, 50000
+    half, full = (model(spec.profile(), precision=p, batch=4) for p in ("bf16", "fp32"))
+    loss = 12 * s * v * 4  # bytes per logit at the loss backward's peak, 4 samples
+    plain = [m.estimate(Candidate(1, 1, 1)).memory["activations"] for m in (half, full)]
+    # the rest doubles in float32; the loss's share does not
+    assert plain[1] - 2 * plain[0] == pytest.approx(-loss)
+    ckpt = half.estimate(Candidate(1, 1, 1, checkpointing=True)).memory["activations"]
+    block = 34 * s * 256 * 4  # fused attention: no score matrices
+    assert block < 2 * loss / 3  # the loss's backward is the larger transient
+    kept = sum(x.act_split + x.act_kept for x in spec.profile().layers if not x.repeated)
+    assert ckpt == pytest.approx(4 * (kept + 2 * 2 * s * 256) + loss / 3 + 2 * loss / 3)
+
+
 def test_checkpointing_keeps_block_inputs_and_recomputes_a_third_of_the_work():
     spec = TransformerSpec(layers=24, hidden=2304, heads=24, seq=2048, vocab=51200)
     L, s, h, v, a = 24, 2048, 2304, 51200, 24
@@ -224,10 +239,16 @@ def test_checkpointing_keeps_block_inputs_and_recomputes_a_third_of_the_work():
     ckpt = cost.estimate(Candidate(1, 1, 1, checkpointing=True))
     assert ckpt.memory["activations"] < plain.memory["activations"] / 5
     # Korthikanti: full recompute keeps 2sbh per block, plus one block's sbh(34 + 5as/h) while
-    # it is recomputed; embedding and head keep theirs
+    # it is recomputed; embedding and head keep theirs; the float32 loss keeps its
+    # log-softmax (4 bytes per logit), and its backward's other 8 are gone by the time a
+    # block is recomputed (the larger of the two counts: here the loss's, 51200 logits a
+    # token against a block's 34 h + 5 a s bytes)
     others = sum(x.act_split + x.act_kept for x in profile.layers if not x.repeated)
+    recomputed, loss_backward = 34 * s * h + 5 * a * s * s, 8 * s * v
     assert ckpt.memory["activations"] == pytest.approx(
-        8 * (others + L * 2 * s * h + (34 * s * h + 5 * a * s * s)))
+        8 * (others + L * 2 * s * h + max(recomputed, loss_backward) + 4 * s * v))
+    assert plain.memory["activations"] == pytest.approx(
+        8 * (sum(x.act_split + x.act_kept for x in profile.layers) + 12 * s * v))
     assert plain.time["recompute"] == 0.0
     # one more forward of the blocks: a third of forward + backward, less the head's share,
     # which Narayanan's count puts at v/(12hL) / (1 + s/(6h) + v/(12hL)) (about 7% here)

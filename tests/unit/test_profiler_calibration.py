@@ -46,3 +46,49 @@ def test_the_latency_of_a_synchronization_is_paired_against_drift():
 
 def test_a_synchronization_never_costs_less_than_nothing():
     assert calibration.paired_cost([(2e-3, 1.9e-3), (2e-3, 1.95e-3), (2e-3, 1.99e-3)]) == 0.0
+
+
+def test_a_rank_without_a_gpu_computes_on_its_cpu_in_float32(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    device = calibration.pick_device(3, "bf16")
+    assert device == calibration.Device("cpu", "float32")
+    with pytest.raises(ValueError, match="'precision' must be one of"):
+        calibration.pick_device(0, "fp8")
+
+
+def test_ranks_share_the_gpus_round_robin(monkeypatch):
+    torch = pytest.importorskip("torch")
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert calibration.pick_device(5, "fp16") == calibration.Device("cuda:1", "float16")
+    assert chosen == [1]
+
+
+def test_the_device_figures_of_a_cpu_rank():
+    pytest.importorskip("torch")
+    figures = calibration.device_figures(calibration.Device(), hidden=32, repeats=1)
+    assert set(figures) == {"flops", "layer_overhead", "hbm"}
+    assert all(value > 0 for value in figures.values())
+
+
+def test_the_layer_overhead_is_per_layer_of_one_graph(monkeypatch):
+    """A model's layers share one backward call: the probe times a stack as one graph, so
+    its figure is per layer (STACK of them, three passes each), not per backward call."""
+    pytest.importorskip("torch")
+    backward_calls = []
+    import torch
+
+    real = torch.Tensor.backward
+
+    def counting(self, *args, **kwargs):
+        backward_calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "backward", counting)
+    monkeypatch.setattr(calibration, "timed", lambda fn, repeats, device: (fn(), 1.0)[1])
+    seconds = calibration.layer_overhead(1)
+    assert len(backward_calls) == 8  # one per forward of the whole stack
+    assert seconds == pytest.approx(1.0 / (8 * calibration.STACK) / 3)

@@ -3,7 +3,9 @@
 The probe (``shoal.profiler.calibration``) runs as a short Shoal training job on the same
 instance type, count and processes per host as the job being planned -- on SageMaker, or on
 this machine for ``local`` -- and writes ``calibration.json`` to the model directory. The
-planner reads it back from the job's ``model.tar.gz`` as a :class:`Calibration`.
+planner reads it back from the job's ``model.tar.gz`` as a :class:`Calibration`. On GPU
+instances the probe's matmuls run on the GPUs in the precision being planned (a bf16 job's
+rate is its tensor cores', not fp32's).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tarfile
 import tempfile
 
 from shoal.errors import ValidationError
+from shoal.planning.costs import PRECISIONS
 from shoal.planning.strategy import Calibration
 
 RESULT = "calibration.json"
@@ -22,7 +25,8 @@ PROBE = """\
 import os
 from shoal.profiler.calibration import main
 
-main(["--out", os.path.join(os.environ.get("SM_MODEL_DIR", "."), "calibration.json")])
+main(["--out", os.path.join(os.environ.get("SM_MODEL_DIR", "."), "calibration.json"),
+      "--precision", {precision!r}])
 """
 
 
@@ -53,14 +57,17 @@ def from_archive(data: bytes) -> Calibration:
 
 
 def probe_estimator(instance_type: str, instance_count: int, processes_per_host: int,
-                    *, role: str, framework_version: str = "1.13.1", py_version: str = "py39",
+                    *, role: str, precision: str = "fp32", framework_version: str = "1.13.1", py_version: str = "py39",
                     session=None, source_dir: str | None = None, **kwargs):
     """The estimator of the calibration job (not yet run)."""
+    if precision not in PRECISIONS:
+        raise ValidationError(f"'precision' must be one of {', '.join(PRECISIONS)} "
+                              f"(got {precision!r})")
     from shoal.pytorch import PyTorch
 
     source_dir = source_dir or tempfile.mkdtemp(prefix="shoal-calibration-")
     with open(os.path.join(source_dir, "calibrate.py"), "w", encoding="utf-8") as handle:
-        handle.write(PROBE)
+        handle.write(PROBE.format(precision=precision))
     return PyTorch(entry_point="calibrate.py", source_dir=source_dir, role=role,
                    instance_type=instance_type, instance_count=instance_count,
                    framework_version=framework_version, py_version=py_version,

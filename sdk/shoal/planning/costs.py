@@ -9,7 +9,11 @@ Memory (bytes on the most loaded device, the first pipeline stage):
 * activations (Korthikanti et al. 2022): each layer's saved bytes per sample times the
   microbatch, for every microbatch in flight on the stage (up to ``active_microbatches``,
   pipeline + 2, along a pipeline; one on a single stage); with checkpointing, the repeated
-  blocks keep only their input, plus one block's activations while it is recomputed;
+  blocks keep only their input, plus one block's activations while it is recomputed; the
+  loss in float32 at any precision (a 16-bit model's logits are cast up for the softmax):
+  the saved log-softmax (4 bytes per logit) for each microbatch in flight, and while one
+  loss runs its backward its gradient and the logits' (8 more), which are freed before a
+  checkpointed block is recomputed, so the larger of the two counts;
 * a pipeline's first stage also holds the model's output and the loss made from it: SMP runs
   the step function there;
 * under sharded data parallelism: tensors under ``sdp_param_persistence_threshold`` whole on
@@ -225,6 +229,8 @@ class StageSums:
     boundaries: float  # the repeated blocks' inputs, all that checkpointing keeps of them
     block_split: float  # the largest repeated block's activations, while it is recomputed
     block_kept: float
+    loss_split: float  # float32 bytes per sample of the loss at its peak (Layer.loss)
+    loss_kept: float
     tp_bytes: float
     tp_calls: int
     out_boundary: float
@@ -246,6 +252,7 @@ class StageSums:
             recompute_split=sum(x.flops / x.speed for x in rep if x.split),
             recompute_kept=sum(x.flops / x.speed for x in rep if not x.split),
             act_split=sum(x.act_split for x in layers), act_kept=sum(x.act_kept for x in layers),
+            loss_split=sum(x.loss for x in split), loss_kept=sum(x.loss for x in kept),
             act_split_other=sum(x.act_split for x in other),
             act_kept_other=sum(x.act_kept for x in other),
             boundaries=sum(x.boundary for x in rep),
@@ -365,7 +372,12 @@ class CostModel:
             in_flight = active_microbatches(c)
         else:
             in_flight = min(c.microbatches, c.pipeline)
-        return per_sample * micro * self.w.activation_scale * in_flight + recomputing
+        # float32 bytes at any precision: each microbatch in flight keeps its saved
+        # log-softmax (a third of the loss's peak); the other two thirds exist while one
+        # loss runs its backward, before any block is recomputed: never both at once
+        loss = (s.loss_split / t + s.loss_kept) * micro
+        return (per_sample * micro * self.w.activation_scale * in_flight
+                + loss / 3 * in_flight + max(recomputing, 2 * loss / 3))
 
     def _step_outputs(self, c: Candidate, micro: float, gradients: float) -> float:
         """The model's output comes back to the first stage, where the step function

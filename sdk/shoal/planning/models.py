@@ -49,6 +49,9 @@ class Layer:
     speed: float = 1.0  # its FLOP rate relative to a large matmul's, where measured
     largest: int = 0  # elements of its largest parameter tensor (0: one tensor of ``params``)
     ops: int = 0  # operations its forward dispatches (0: not counted, priced as one module)
+    # bytes per sample its loss holds in float32 at its backward's peak, whatever the training
+    # precision (the saved log-softmax, its gradient and the logits' gradient), split with it
+    loss: float = 0.0
 
     @property
     def largest_tensor(self) -> int:
@@ -160,10 +163,11 @@ class TransformerSpec:
         embedding = Layer("embedding", v * h + s * h, 0.0, act_split=0.0, act_kept=2 * s * h,
                           boundary=2 * s * h, tp_comm=2 * s * h, split=True, largest=v * h,
                           ops=EMBEDDING_OPS)
-        # logits in 16 bits and the fp32 softmax of the loss (vocabulary-parallel under TP)
+        # the loss runs in float32 at any precision (vocabulary-parallel under TP): its
+        # log-softmax saved, and in its backward that output's gradient and the logits'
         head = Layer("head", (0 if self.tied else v * h) + 2 * h, 2 * s * h * v,
-                     act_split=6 * s * v, act_kept=2 * s * h, boundary=4, split=True,
-                     largest=0 if self.tied else v * h, ops=HEAD_OPS)
+                     act_split=0.0, act_kept=2 * s * h, boundary=4, split=True,
+                     largest=0 if self.tied else v * h, ops=HEAD_OPS, loss=12 * s * v)
         layers = [embedding] + [attrs.evolve(block, name=f"block{i}")
                                 for i in range(self.layers)] + [head]
         return ModelProfile("transformer", layers, heads=a, sequence=s,

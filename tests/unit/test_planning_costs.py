@@ -429,3 +429,70 @@ def test_a_pipeline_sends_each_boundary_once_then_the_largest_per_later_microbat
         assert estimate.time["pipeline_p2p"] == pytest.approx(
             2 * (sum(sends) + (m - 1) * max(sends)))
     assert model(profile).estimate(Candidate(1, 1, 1)).time["pipeline_p2p"] == 0.0
+
+
+def _runtime_stages(net, sample, pp):
+    """The runtime's auto-partition of ``net`` (SMP's rule): each top-level unit's rank,
+    from a traced forward as the runtime records it."""
+    import torch
+    from shoal.modelparallel.torch import placement
+
+    names = {m: n for n, m in net.named_modules()}
+    traces = {}
+
+    def pre(module, _args):
+        traces.setdefault(names[module], placement.ModuleTrace(order=len(traces)))
+
+    def post(module, _args, out):
+        name = names[module]
+        traces[name] = placement.ModuleTrace(order=traces[name].order,
+                                             output_bytes=out.numel() * out.element_size())
+
+    for module in net.modules():
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+    with torch.no_grad():
+        net(sample)
+    return placement.auto_assignment(net, traces, pp, 0.8, False)
+
+
+@pytest.mark.parametrize("vocab, batch", [(4096, 8), (512, 8), (4096, 2)])
+def test_pipeline_stages_are_the_ones_the_runtime_auto_partition_makes(tmp_path, vocab, batch):
+    """The plans leave SMP's auto-partition on: the planner must price the stages it makes
+    (parameter bytes and module outputs at 0.8, module count at 0.2), not stages balanced
+    by FLOPs. A large vocabulary's logits weigh the head's stage down."""
+    torch = pytest.importorskip("torch")
+    from shoal.planning.tracing import profile_module
+
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 128)
+            self.blocks = nn.ModuleList(nn.Sequential(
+                nn.LayerNorm(128), nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+                for _ in range(4))
+            self.norm, self.head = nn.LayerNorm(128), nn.Linear(128, vocab)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = x + block(x)
+            return self.head(self.norm(x))
+
+    net = Net()
+    ids = torch.randint(vocab, (batch, 32))
+    runtime = _runtime_stages(net, ids, 2)
+    with torch.device("meta"):
+        meta = Net()
+    profile = profile_module(meta, (1, 32))
+    ranges = CostModel(Workload(profile, batch, "fp32", "adam"), hardware()).ranges(2, batch)
+    planned = {}
+    for stage, (a, b) in enumerate(ranges):
+        for layer in profile.layers[a:b]:
+            planned[layer.name] = stage
+    blocks = [runtime[f"blocks.{i}"] for i in range(4)]
+    assert [planned[f"block{i}"] for i in range(4)] == blocks
+    assert planned["epilogue"] == runtime["head"]

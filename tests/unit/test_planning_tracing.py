@@ -216,3 +216,64 @@ def test_each_layer_counts_the_operations_its_forward_dispatches(mlp):
         assert layers[f"block{i}"].ops == 2 * LINEAR_OPS + 2
         assert layers[f"block{i}"].calls == 3.0
     assert layers["prologue"].calls == 1.0
+
+
+GPT = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, tied):
+        super().__init__()
+        self.wte = nn.Embedding(1000, 64)
+        self.head = nn.Linear(64, 1000, bias=False)  # defined before the blocks, runs last
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+            for _ in range(4))
+        self.norm = nn.LayerNorm(64)
+        if tied:
+            self.head.weight = self.wte.weight
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(self.norm(x))
+
+
+def untied():
+    return Net(False)
+
+
+def tied():
+    return Net(True)
+"""
+
+
+def test_parameters_outside_the_blocks_go_where_their_module_runs(tmp_path):
+    """SMP's auto-partition puts a language model's head with the last blocks, wherever it
+    was defined; a weight the head shares with the embedding stays with the embedding."""
+    path = write(tmp_path, GPT)
+    untied = profile_factory(f"{path}:untied", (2, 16))
+    first, last = untied.layers[0], untied.layers[-1]
+    assert (first.name, first.params) == ("prologue", 1000 * 64)
+    assert (last.name, last.params) == ("epilogue", 1000 * 64 + 2 * 64)  # head and norm
+    tied = profile_factory(f"{path}:tied", (2, 16))
+    assert tied.layers[0].params == 1000 * 64
+    assert tied.layers[-1].params == 2 * 64
+    assert tied.params == untied.params - 1000 * 64
+
+
+def test_each_layer_counts_its_modules_and_their_outputs(tmp_path):
+    """What SMP's auto-partition weighs: the modules in a layer and every one's output."""
+    profile = profile_factory(f"{write(tmp_path, GPT)}:untied", (2, 16))
+    block = profile.layers[1]
+    assert block.modules == 5  # the Sequential and its four
+    # 16 tokens: norm, linear and Sequential 64 wide, linear and GELU 256, at 2 bytes
+    assert block.outputs == 16 * 2 * (3 * 64 + 2 * 256)
+    # the embedding's 64; after the blocks the norm's 64 and the head's logits (the model's
+    # own output is the head's, not counted twice)
+    assert profile.layers[0].outputs == 16 * 2 * 64
+    assert profile.layers[-1].outputs == 16 * 2 * (64 + 1000)
+    assert (profile.layers[0].modules, profile.layers[-1].modules) == (2, 2)

@@ -1,6 +1,11 @@
 """The planner's cost model: memory per device and time per step of one configuration.
 
-Memory (bytes on the most loaded device, the first pipeline stage):
+A pipeline's stages hold the layers SMP's auto-partition gives them (the plans leave it on):
+contiguous in run order, balanced by 0.8 x memory (parameter bytes and every module's output
+for the first microbatch) + 0.2 x module count (:func:`partition_costs`), not by FLOPs, so
+the slowest stage can compute more than its share.
+
+Memory (bytes on the most loaded device):
 
 * model states (ZeRO, Rajbhandari et al. 2020): weights, gradients and the optimizer's state
   (with 16-bit training, an fp32 master copy on top of the optimizer's own state); tensor
@@ -199,6 +204,20 @@ def stages(loads: tuple[float, ...], parts: int) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
+def partition_costs(layers, micro: float, weight_bytes: int, activation_scale: float,
+                    memory_weight: float = 0.8) -> tuple[float, ...]:
+    """Each layer's cost as SMP's auto-partition weighs it (``memory_weight``, 0.8 unless
+    set; the plans leave it): ``memory_weight`` times its share of the model's memory (its
+    parameters' bytes and its modules' outputs for the first microbatch) plus the rest
+    times its share of the modules. A layer that holds a large vocabulary's logits weighs
+    much more than its FLOPs say; one of many small modules more than its bytes say."""
+    memory = [x.params * weight_bytes + x.outputs * micro * activation_scale for x in layers]
+    total_memory = sum(memory) or 1.0
+    total_modules = sum(x.modules for x in layers) or 1
+    return tuple(memory_weight * m / total_memory + (1 - memory_weight) * x.modules
+                 / total_modules for m, x in zip(memory, layers))
+
+
 def _pack(loads, bound):
     ranges, start, total = [], 0, 0.0
     for i, load in enumerate(loads):
@@ -278,30 +297,48 @@ class CostModel:
     def __init__(self, workload: Workload, hardware: Hardware):
         self.w, self.hw = workload, hardware
         self.layers = workload.profile.layers
-        # balance stages by compute, with parameters weighing for layers that compute little
-        total_flops = sum(layer.flops for layer in self.layers) or 1.0
-        total_params = sum(layer.params for layer in self.layers) or 1
-        self.loads = tuple(layer.flops / total_flops + 0.2 * layer.params / total_params
-                           for layer in self.layers)
-        self._sums: dict[int, list[StageSums]] = {}
-        self._outputs: dict[int, tuple[float, float]] = {}
-        self._persistent: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+        self._ranges: dict[tuple[int, float], tuple[tuple[int, int], ...]] = {}
+        self._sums: dict[tuple[int, float], list[StageSums]] = {}
+        self._by_range: dict[tuple[int, int], StageSums] = {}
+        self._outputs: dict[tuple[int, float], tuple[float, float]] = {}
+        self._persistent: dict[tuple[int, float, int], list[tuple[float, float, int]]] = {}
 
-    def stage_sums(self, pipeline: int) -> list[StageSums]:
-        if pipeline not in self._sums:
-            self._sums[pipeline] = [StageSums.of(self.layers[a:b])
-                                    for a, b in stages(self.loads, pipeline)]
-        return self._sums[pipeline]
+    def micro(self, c: Candidate) -> float:
+        """Samples per microbatch on one rank."""
+        return self.w.global_batch / (c.data * c.microbatches)
 
-    def persistence(self, pipeline: int, tensor: int) -> list[tuple[float, float, int]]:
+    def ranges(self, pipeline: int, micro: float) -> tuple[tuple[int, int], ...]:
+        """The layers each stage holds, as SMP's auto-partition (which the plans leave on)
+        cuts them: contiguous in run order, balancing ``partition_costs``."""
+        key = (pipeline, micro)
+        if key not in self._ranges:
+            loads = partition_costs(self.layers, micro, self.w.weight_bytes,
+                                    self.w.activation_scale)
+            self._ranges[key] = stages(loads, pipeline)
+        return self._ranges[key]
+
+    def stage_sums(self, pipeline: int, micro: float) -> list[StageSums]:
+        key = (pipeline, micro)
+        if key not in self._sums:
+            self._sums[key] = [self._range_sums(a, b) for a, b in self.ranges(pipeline, micro)]
+        return self._sums[key]
+
+    def _range_sums(self, a: int, b: int) -> StageSums:
+        """One range's sums: most microbatch sizes cut the layers alike, so cached apart."""
+        if (a, b) not in self._by_range:
+            self._by_range[(a, b)] = StageSums.of(self.layers[a:b])
+        return self._by_range[(a, b)]
+
+    def persistence(self, pipeline: int, micro: float,
+                    tensor: int) -> list[tuple[float, float, int]]:
         """Per stage, under sharded data parallelism: the parameters that stay whole on
         every rank (tensors under ``sdp_param_persistence_threshold`` elements once tensor
         parallelism has split them), the largest tensor that does not, and how many layers
         hold such a tensor (each is gathered on every use)."""
-        key = (pipeline, tensor)
+        key = (pipeline, micro, tensor)
         if key not in self._persistent:
             found = []
-            for a, b in stages(self.loads, pipeline):
+            for a, b in self.ranges(pipeline, micro):
                 kept = largest = 0.0
                 gathered = 0
                 for layer in self.layers[a:b]:
@@ -316,9 +353,10 @@ class CostModel:
         return self._persistent[key]
 
     def estimate(self, c: Candidate) -> Estimate:
-        kept = self.persistence(c.pipeline, c.tensor) if c.sharded > 1 else None
+        micro = self.micro(c)
+        kept = self.persistence(c.pipeline, micro, c.tensor) if c.sharded > 1 else None
         per_stage = [self._stage(c, s, first=i == 0, persistent=kept[i] if kept else None)
-                     for i, s in enumerate(self.stage_sums(c.pipeline))]
+                     for i, s in enumerate(self.stage_sums(c.pipeline, micro))]
         memory = max(per_stage, key=lambda s: sum(s[0].values()))[0]
         slowest = max(per_stage, key=lambda s: s[1]["slot"])[1]
         return Estimate(c, memory, self._step(c, slowest))
@@ -389,7 +427,8 @@ class CostModel:
         ``gradients`` (and their buckets), which stay to the step's end: the peak is the
         larger of all of them less the gradients (the first microbatch's loss, before any
         gradient exists) and the other microbatches' outputs beside the gradients."""
-        last = self.stage_sums(c.pipeline)[-1].out_boundary * micro * self.w.activation_scale
+        last = (self.stage_sums(c.pipeline, micro)[-1].out_boundary * micro
+                * self.w.activation_scale)
         active = active_microbatches(c)
         return max((2 * active + 3) * last - gradients, 2 * (active - 1) * last, 0.0)
 
@@ -466,16 +505,17 @@ class CostModel:
             return 0.0
         scale = self.w.global_batch / (c.data * c.microbatches) * self.w.activation_scale
         bw, alpha = self._link(c.tensor * c.pipeline <= self.hw.gpus_per_host)
-        total, largest = self._boundaries(c.pipeline)
+        total, largest = self._boundaries(c.pipeline, self.micro(c))
         sends = total * scale / bw + c.pipeline * alpha
         return 2 * (sends + (c.microbatches - 1) * (largest * scale / bw + alpha))
 
-    def _boundaries(self, pipeline: int) -> tuple[float, float]:
-        """The stages' outputs per sample: their sum and the largest (cached per degree)."""
-        if pipeline not in self._outputs:
-            out = [s.out_boundary for s in self.stage_sums(pipeline)]
-            self._outputs[pipeline] = (sum(out), max(out))
-        return self._outputs[pipeline]
+    def _boundaries(self, pipeline: int, micro: float) -> tuple[float, float]:
+        """The stages' outputs per sample: their sum and the largest (cached per layout)."""
+        key = (pipeline, micro)
+        if key not in self._outputs:
+            out = [s.out_boundary for s in self.stage_sums(pipeline, micro)]
+            self._outputs[key] = (sum(out), max(out))
+        return self._outputs[key]
 
     def _sharded_step(self, c: Candidate, s: dict) -> float:
         """Once a step: the gradients, summed over the microbatches, reduce-scattered behind

@@ -52,6 +52,10 @@ class Layer:
     # bytes per sample its loss holds in float32 at its backward's peak, whatever the training
     # precision (the saved log-softmax, its gradient and the logits' gradient), split with it
     loss: float = 0.0
+    # what SMP's auto-partition weighs (``partition_costs``): the modules in it, and the bytes
+    # per sample of every one of their outputs (16-bit), its own included
+    modules: int = 1
+    outputs: float = 0.0
 
     @property
     def largest_tensor(self) -> int:
@@ -156,18 +160,27 @@ class TransformerSpec:
         # Korthikanti et al., table 2: sbh(10 + 24/t + 5as/(ht)) bytes; of the 24, 16 are the
         # MLP's (4 * 4h), so they follow its width, as Megatron's memory estimate does
         mlp_act = (6 if self.gated else 4) * s * self.ffn_
+        # a GPT block's modules: itself, two norms, the attention and the MLP with their
+        # linears (q, k, v fused), the activation, and with dropout its three
+        drops = 3 if self.dropout else 0
+        gate = 1 if self.gated else 0
         block = Layer("block", block_params, block_flops, act_split=8 * s * h + mlp_act + scores,
                       act_kept=kept * s * h, boundary=2 * s * h, tp_comm=2 * 2 * s * h,
                       split=True, repeated=True, largest=max(h * self.ffn_, h * h),
-                      ops=self.block_ops)
+                      ops=self.block_ops, modules=10 + gate + drops,
+                      outputs=2 * (s * h * (10 if self.dropout else 8)
+                                   + s * self.ffn_ * (2 + gate)
+                                   + (a * s * s if self.dropout and not self.flash else 0)))
         embedding = Layer("embedding", v * h + s * h, 0.0, act_split=0.0, act_kept=2 * s * h,
                           boundary=2 * s * h, tp_comm=2 * s * h, split=True, largest=v * h,
-                          ops=EMBEDDING_OPS)
+                          ops=EMBEDDING_OPS, modules=2 + (1 if self.dropout else 0),
+                          outputs=2 * s * h * (2 + (1 if self.dropout else 0)))
         # the loss runs in float32 at any precision (vocabulary-parallel under TP): its
         # log-softmax saved, and in its backward that output's gradient and the logits'
         head = Layer("head", (0 if self.tied else v * h) + 2 * h, 2 * s * h * v,
                      act_split=0.0, act_kept=2 * s * h, boundary=4, split=True,
-                     largest=0 if self.tied else v * h, ops=HEAD_OPS, loss=12 * s * v)
+                     largest=0 if self.tied else v * h, ops=HEAD_OPS, loss=12 * s * v,
+                     modules=2, outputs=2 * (s * h + s * v))
         layers = [embedding] + [attrs.evolve(block, name=f"block{i}")
                                 for i in range(self.layers)] + [head]
         return ModelProfile("transformer", layers, heads=a, sequence=s,

@@ -101,6 +101,9 @@ class _Trace:
         self.blocks = blocks
         self.current = "prologue"
         self.flops, self.saved, self.boundary, self.tp, self.ops = {}, {}, {}, {}, {}
+        # where each module outside the blocks first ran, and every module's output bytes
+        self.section: dict[int, str] = {}
+        self.outputs: dict[str, float] = {}
         self.counter = None
         self.mark = 0.0
         self.block_input: list = []
@@ -123,7 +126,8 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
     blocks = stack[1] if stack else []
     trace = _Trace(blocks)
     param_ids = {id(p) for p in model.parameters()}
-    handles = []
+    # registered before the blocks' own hooks, so that a block's output counts as its own
+    handles = _section_hooks(model, trace)
     for index, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(
             lambda _m, args, i=index: _enter(trace, f"block{i}", args)))
@@ -153,6 +157,27 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
         for handle in handles:
             handle.remove()
     return _profile(model, name, stack, trace, x.shape[0], out)
+
+
+def _section_hooks(model, trace: _Trace) -> list:
+    """Hooks that note where each module first runs (the prologue before the blocks, the
+    epilogue after them: a language model's head runs last, wherever it was defined) and
+    add every module's output to its section's bytes."""
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(lambda m, _a: _note_section(trace, m)))
+        if module is not model:  # the model's output is its last module's, counted there
+            handles.append(module.register_forward_hook(lambda _m, _a, out: _count_output(
+                trace, out)))
+    return handles
+
+
+def _note_section(trace: _Trace, module) -> None:  # a pre-hook's value would replace the input
+    trace.section.setdefault(id(module), trace.current)
+
+
+def _count_output(trace: _Trace, out) -> None:
+    trace.outputs[trace.current] = trace.outputs.get(trace.current, 0.0) + _out_bytes(out)
 
 
 def _op_counter(trace: _Trace):
@@ -201,35 +226,67 @@ def _profile(model, name, stack, trace: _Trace, batch: int, out) -> ModelProfile
 
     blocks = trace.blocks
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
-    outside = [p for p in model.parameters() if p.requires_grad and id(p) not in in_blocks]
-    other, other_largest = sum(p.numel() for p in outside), _largest(outside)
+    in_block_modules = {id(m) for b in blocks for m in b.modules()}
+    outside = _outside_sections(model, trace, in_blocks, in_block_modules)
     layers = []
     if blocks:
-        layers.append(_layer(trace, "prologue", other, batch, boundary=trace.boundary.get(
-            "block0", 0.0) / batch, largest=other_largest))
+        pro, epi = outside["prologue"], outside["epilogue"]
+        layers.append(_layer(trace, "prologue", _count(pro), batch, boundary=trace.boundary.get(
+            "block0", 0.0) / batch, largest=_largest(pro["params"]), modules=pro["modules"]))
         for i, block in enumerate(blocks):
             own = [p for p in block.parameters() if p.requires_grad]
             layers.append(_layer(trace, f"block{i}", sum(p.numel() for p in own), batch,
                                  repeated=True, split=_has_linear(block),
                                  boundary=trace.boundary[f"block{i}"] / batch,
-                                 largest=_largest(own)))
-        layers.append(_layer(trace, "epilogue", 0, batch, boundary=_out_bytes(out) / batch))
+                                 largest=_largest(own), modules=len(list(block.modules()))))
+        layers.append(_layer(trace, "epilogue", _count(epi), batch,
+                             boundary=_out_bytes(out) / batch, largest=_largest(epi["params"]),
+                             modules=epi["modules"]))
     else:  # no stack: the whole model is one layer
-        layers.append(_layer(trace, "prologue", other, batch, boundary=_out_bytes(out) / batch,
-                             split=_has_linear(model), largest=other_largest))
+        whole = [p for p in model.parameters() if p.requires_grad]
+        layers.append(_layer(trace, "prologue", _count({"params": whole}), batch,
+                             boundary=_out_bytes(out) / batch, split=_has_linear(model),
+                             largest=_largest(whole), modules=len(list(model.modules()))))
     layers = [layer for layer in layers if layer.params or layer.flops or layer.repeated]
     return ModelProfile(name, layers, description={
         "factory": name, "stack": stack[0] if stack else None, "blocks": len(blocks),
         "block_input": trace.block_input, "sample_batch": batch, "torch": torch.__version__})
 
 
+def _outside_sections(model, trace, in_blocks, in_block_modules) -> dict:
+    """The parameters and modules outside the blocks, by the section where their module
+    first ran (a parameter two modules share, where the first ran; one never run, in the
+    prologue), as SMP's auto-partition places them."""
+    found = {key: {"params": [], "modules": 0} for key in ("prologue", "epilogue")}
+    seen = set()
+    for module in model.modules():
+        if id(module) in in_block_modules or module is model:
+            continue
+        # a module outside the blocks that first ran inside one goes with the prologue
+        after = trace.section.get(id(module)) == "epilogue"
+        section = found["epilogue" if after else "prologue"]
+        section["modules"] += 1
+        for p in module.parameters(recurse=False):
+            if p.requires_grad and id(p) not in in_blocks and id(p) not in seen:
+                seen.add(id(p))
+                section["params"].append(p)
+    found["prologue"]["params"] += [p for p in model.parameters(recurse=False)
+                                    if p.requires_grad and id(p) not in seen]
+    return found
+
+
+def _count(section: dict) -> int:
+    return sum(p.numel() for p in section["params"])
+
+
 def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True,
-           largest=0) -> Layer:
+           largest=0, modules=1) -> Layer:
     saved = trace.saved.get(key, 0.0) / batch
     return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=saved if split
                  else 0.0, act_kept=0.0 if split else saved, boundary=boundary,
                  tp_comm=trace.tp.get(key, 0.0) / batch if split else 0.0, split=split,
-                 repeated=repeated, largest=largest, ops=trace.ops.get(key, 0))
+                 repeated=repeated, largest=largest, ops=trace.ops.get(key, 0),
+                 modules=max(1, modules), outputs=trace.outputs.get(key, 0.0) / batch)
 
 
 def _largest(params) -> int:

@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+from planner_grid import spearman  # ties at their average rank, as the grid ranks
+
 MIB = 1024**2
 GPU_MODELS = [  # layers, hidden, heads, seq, vocab
     (12, 1024, 16, 1024, 50304),
@@ -142,20 +144,6 @@ def predict(dims, batch: int, micro: int, ckpt: bool, precision: str, calibratio
                          hw).estimate(Candidate(1, 1, 1, microbatches=micro, checkpointing=ckpt))
     return {"seconds": estimate.step_seconds, "memory_bytes": estimate.memory_bytes,
             "memory": estimate.memory, "time": estimate.time}
-
-
-def spearman(xs, ys) -> float:
-    def ranks(values):
-        order = sorted(range(len(values)), key=values.__getitem__)
-        out = [0.0] * len(values)
-        for rank, i in enumerate(order):
-            out[i] = float(rank)
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
 def run(args) -> dict:

@@ -5,6 +5,9 @@
         [--json out.json] [--quick]
     .venv/bin/python benchmarks/planner_grid.py --max-microbatches 2 phases --model mlp \
         "data 4" "data 4, activation checkpointing"      (where one step's memory goes)
+    .venv/bin/python benchmarks/planner_grid.py --max-microbatches 2 --steps 6 --warmup 2 \
+        --rounds 5 finals results/planner_grid-2026-11-29e.json --fractions 0.7,0.8
+                                                 (the pick and the best, run again head to head)
 
 Two simulated hosts x two processes (4 mpirun ranks; ``SHOAL_HOST`` per rank, so Shoal's
 core and SMP's placement see two hosts of two), ``torch.set_num_threads(1)`` per rank. First
@@ -391,6 +394,44 @@ def show_phases(args) -> int:
     return 0
 
 
+def finals(args) -> int:
+    """``finals``: a saved run's verdict measured again where it is decided. For each budget
+    (a fraction of the largest measured peak), the planner's pick and the best measured
+    within the budget run head to head, alternating, ``--rounds`` times each; the regret is
+    their medians' ratio. One grid run per row leaves each row's noise in the comparison,
+    and the fastest of 44 noisy rows is faster than its configuration is (a run-to-run
+    spread of 10-15 % here): the minimum of many noisy rows is biased low."""
+    from shoal.planning import explain
+
+    with open(args.saved, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    duels = []
+    for fraction in (float(f) for f in args.fractions.split(",")):
+        budgeted = json.loads(json.dumps(saved))
+        for result in budgeted["results"]:
+            measured = [r["memory"] for r in result["rows"] if "seconds" in r]
+            result["budget"] = fraction * max(measured)
+        for result in regrade(args, budgeted)[0]:
+            if result["pick"] and result["best"]:
+                duels.append((result["model"], fraction, result["pick"], result["best"]))
+    times: dict = {}
+    for turn in range(args.rounds):
+        pairs = {(model, name) for model, _, pick, best in duels for name in (pick, best)}
+        for model, name in sorted(pairs, reverse=bool(turn % 2)):
+            c = {explain.describe(c): c for c in pricing(args, model, None)[2]}[name]
+            got = run_config(args, model, parameters(c), args.batch // c.data, c.checkpointing)
+            times.setdefault((model, name), []).append(got["seconds"])
+            print(f"  {model} round {turn + 1}: {name}: {got['seconds']:.3f} s", file=sys.stderr,
+                  flush=True)
+    print("| model | budget | pick | best in the grid | pick s | best s | regret |\n"
+          "|---|---|---|---|---|---|---|")
+    for model, fraction, pick, best in duels:
+        a, b = (statistics.median(times[(model, n)]) for n in (pick, best))
+        print(f"| {model} | {fraction:g} x largest | {pick} | {best} | {a:.3f} | {b:.3f} "
+              f"| {100 * (a / b - 1):+.1f} % |")
+    return 0
+
+
 def tiny_reserve(args, c) -> float:
     """Peak RSS growth of a tiny model laid out as ``c`` (its degrees, one microbatch): what
     the runtime itself takes on each rank for that layout (threads, buffers, groups)."""
@@ -606,6 +647,11 @@ def main() -> int:
                                        "(glibc giving freed memory back), MiB per rank.")
     ph.add_argument("--model", choices=MODELS, required=True)
     ph.add_argument("configs", nargs="+", help="As the tables name them, e.g. 'data 4'.")
+    fn = sub.add_parser("finals", help="A saved run's pick and best measured, run again head "
+                                       "to head (--rounds each, alternating).")
+    fn.add_argument("saved", help="A --json file of an earlier run.")
+    fn.add_argument("--fractions", default="0.7",
+                    help="Budgets as fractions of the largest measured peak, comma-separated.")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=4)
@@ -628,6 +674,8 @@ def main() -> int:
         return 0
     if args.command == "phases":
         return show_phases(args)
+    if args.command == "finals":
+        return finals(args)
     if args.regrade:
         with open(args.regrade, encoding="utf-8") as handle:
             saved = json.load(handle)

@@ -123,3 +123,35 @@ def test_the_resident_set_and_its_peak_are_read_from_proc():
     assert after < rss - (32 << 20) and peak > after + (32 << 20)
     grid._reset_peak()  # the peak falls back to the resident set
     assert grid._resident()[1] < peak - (32 << 20)
+
+
+def test_finals_run_the_pick_and_the_best_head_to_head(monkeypatch, capsys, tmp_path):
+    """The verdict is measured again: both configurations, alternating, and the regret from
+    their medians, not from the one grid run each had."""
+    import argparse
+    import json
+
+    saved_path = PATH.parent / "results" / "planner_grid-2026-11-29e.json"
+    args = argparse.Namespace(batch=16, max_microbatches=2, saved=str(saved_path),
+                              fractions="0.7", rounds=3)
+    verdict = grid.regrade(args, json.loads(saved_path.read_text()))[0][0]
+    pick, best = verdict["pick"], verdict["best"]
+    assert pick != best
+    runs = []
+    speed = {pick: [1.05, 9.0, 1.05], best: [1.0, 1.0, 1.0]}  # one outlier: the median drops it
+
+    def fake_run(args, model, params, per_rank, ckpt, live=False):
+        name = next(n for n in speed if grid.parameters(by_name[n]) == params
+                    and by_name[n].checkpointing == ckpt)
+        runs.append(name)
+        return {"seconds": speed[name][sum(r == name for r in runs) - 1]}
+
+    from shoal.planning import explain
+
+    by_name = {explain.describe(c): c for c in grid.pricing(args, "mlp", None)[2]}
+    monkeypatch.setattr(grid, "run_config", fake_run)
+    assert grid.finals(args) == 0
+    assert sorted(runs) == sorted([pick, best] * 3)
+    assert runs[:2] == list(reversed(runs[2:4]))  # alternating order, round by round
+    out = capsys.readouterr().out
+    assert f"| mlp | 0.7 x largest | {pick} | {best} | 1.050 | 1.000 | +5.0 % |" in out

@@ -115,10 +115,16 @@ def test_phases_names_the_configurations_it_knows_when_given_another(capsys):
 
 
 def test_the_resident_set_and_its_peak_are_read_from_proc():
+    import mmap
+
     # (the kernel's counters are per thread and summed lazily: a few pages may lag)
-    block = b"\x01" * (64 << 20)  # every page written (a mapping of its own)
+    # a mapping of its own, not malloc's: malloc may serve 64 MiB from a hole an earlier
+    # test left in the heap, and its free then gives nothing back
+    block = mmap.mmap(-1, 64 << 20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1  # every page written
     rss = grid._resident()[0]
-    del block  # unmapped: the resident set falls, its peak stays
+    block.close()  # unmapped: the resident set falls, its peak stays
     after, peak = grid._resident()
     assert after < rss - (32 << 20) and peak > after + (32 << 20)
     grid._reset_peak()  # the peak falls back to the resident set

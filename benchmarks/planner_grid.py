@@ -415,10 +415,12 @@ def finals(args) -> int:
             if result["pick"] and result["best"]:
                 duels.append((result["model"], fraction, result["pick"], result["best"]))
     times: dict = {}
+    pairs = sorted({(model, name) for model, _, pick, best in duels for name in (pick, best)})
+    by_name = {model: {explain.describe(c): c for c in pricing(args, model, None)[2]}
+               for model in {model for model, _ in pairs}}
     for turn in range(args.rounds):
-        pairs = {(model, name) for model, _, pick, best in duels for name in (pick, best)}
-        for model, name in sorted(pairs, reverse=bool(turn % 2)):
-            c = {explain.describe(c): c for c in pricing(args, model, None)[2]}[name]
+        for model, name in (pairs[::-1] if turn % 2 else pairs):
+            c = by_name[model][name]
             got = run_config(args, model, parameters(c), args.batch // c.data, c.checkpointing)
             times.setdefault((model, name), []).append(got["seconds"])
             print(f"  {model} round {turn + 1}: {name}: {got['seconds']:.3f} s", file=sys.stderr,

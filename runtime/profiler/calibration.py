@@ -226,13 +226,14 @@ def paired_cost(pairs: list[tuple[float, float]]) -> float:
     return max(statistics.median(both - alone for alone, both in pairs), 0.0)
 
 
-def overlap(core, group, hidden: int, repeats: int, device: Device = Device()) -> float:
+def overlap(core, group, hidden: int, repeats: int, rate: float,
+            device: Device = Device()) -> float:
+    """``rate``: this rank's matmul FLOP/s with every rank at once (``flops``)."""
     import torch
 
     a, b = _operands(device, hidden)
     array = np.ones(LARGE // 4, dtype=np.float32)
     comm = allreduce_seconds(core, group, LARGE, repeats)
-    rate = matmul_rate(hidden, 1, device)
     calls = max(1, int(comm * rate / (2 * hidden**3)))  # about as long as the all-reduce
     compute = timed(lambda: [torch.mm(a, b) for _ in range(calls)], repeats, device)
 
@@ -275,7 +276,8 @@ def measure(hidden: int | None = None, repeats: int = 5, precision: str = "fp32"
         figures["alpha_intra"], figures["intra_bw"] = _alpha_beta(len(local), small, large)
         figures["alpha_intra"] = max(figures["alpha_intra"], sync_latency(
             core, host_group, len(local), hidden, repeats, device))
-        figures["overlap"] = overlap(core, host_group, hidden, repeats, device)
+        figures["overlap"] = overlap(core, host_group, hidden, repeats, figures["flops"],
+                                     device)
     if len(across) > 1:
         small = allreduce_seconds(core, net_group, SMALL, repeats)
         large = allreduce_seconds(core, net_group, LARGE, repeats)

@@ -57,8 +57,8 @@ def from_archive(data: bytes) -> Calibration:
 
 
 def probe_estimator(instance_type: str, instance_count: int, processes_per_host: int,
-                    *, role: str, precision: str = "fp32", framework_version: str = "1.13.1", py_version: str = "py39",
-                    session=None, source_dir: str | None = None, **kwargs):
+                    *, role: str, precision: str = "fp32", framework_version: str = "1.13.1",
+                    py_version: str = "py39", session=None, source_dir: str | None = None, **kwargs):
     """The estimator of the calibration job (not yet run)."""
     if precision not in PRECISIONS:
         raise ValidationError(f"'precision' must be one of {', '.join(PRECISIONS)} "

@@ -371,7 +371,7 @@ class CostModel:
             "optimizer_states": params * w.state_bytes / (c.data if c.optimizer_sharding
                                                           else shard),
         }
-        micro = w.global_batch / (c.data * c.microbatches)
+        micro = self.micro(c)
         memory["activations"] = self._activations(c, s, micro, first)
         if shard == 1 and c.data > 1:  # the all-reduce works on a copy of each bucket
             memory["gradient_buckets"] = params * w.weight_bytes
@@ -503,9 +503,10 @@ class CostModel:
         gradients back the same way."""
         if c.pipeline == 1:
             return 0.0
-        scale = self.w.global_batch / (c.data * c.microbatches) * self.w.activation_scale
+        micro = self.micro(c)
+        scale = micro * self.w.activation_scale
         bw, alpha = self._link(c.tensor * c.pipeline <= self.hw.gpus_per_host)
-        total, largest = self._boundaries(c.pipeline, self.micro(c))
+        total, largest = self._boundaries(c.pipeline, micro)
         sends = total * scale / bw + c.pipeline * alpha
         return 2 * (sends + (c.microbatches - 1) * (largest * scale / bw + alpha))
 

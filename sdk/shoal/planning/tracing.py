@@ -231,20 +231,21 @@ def _profile(model, name, stack, trace: _Trace, batch: int, out) -> ModelProfile
     layers = []
     if blocks:
         pro, epi = outside["prologue"], outside["epilogue"]
-        layers.append(_layer(trace, "prologue", _count(pro), batch, boundary=trace.boundary.get(
-            "block0", 0.0) / batch, largest=_largest(pro["params"]), modules=pro["modules"]))
+        layers.append(_layer(trace, "prologue", _count(pro["params"]), batch,
+                             boundary=trace.boundary.get("block0", 0.0) / batch,
+                             largest=_largest(pro["params"]), modules=pro["modules"]))
         for i, block in enumerate(blocks):
             own = [p for p in block.parameters() if p.requires_grad]
-            layers.append(_layer(trace, f"block{i}", sum(p.numel() for p in own), batch,
+            layers.append(_layer(trace, f"block{i}", _count(own), batch,
                                  repeated=True, split=_has_linear(block),
                                  boundary=trace.boundary[f"block{i}"] / batch,
                                  largest=_largest(own), modules=len(list(block.modules()))))
-        layers.append(_layer(trace, "epilogue", _count(epi), batch,
+        layers.append(_layer(trace, "epilogue", _count(epi["params"]), batch,
                              boundary=_out_bytes(out) / batch, largest=_largest(epi["params"]),
                              modules=epi["modules"]))
     else:  # no stack: the whole model is one layer
         whole = [p for p in model.parameters() if p.requires_grad]
-        layers.append(_layer(trace, "prologue", _count({"params": whole}), batch,
+        layers.append(_layer(trace, "prologue", _count(whole), batch,
                              boundary=_out_bytes(out) / batch, split=_has_linear(model),
                              largest=_largest(whole), modules=len(list(model.modules()))))
     layers = [layer for layer in layers if layer.params or layer.flops or layer.repeated]
@@ -275,8 +276,8 @@ def _outside_sections(model, trace, in_blocks, in_block_modules) -> dict:
     return found
 
 
-def _count(section: dict) -> int:
-    return sum(p.numel() for p in section["params"])
+def _count(params) -> int:
+    return sum(p.numel() for p in params)
 
 
 def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True,

@@ -24,7 +24,9 @@ microbatches up to ``--max-microbatches``; activation checkpointing of the block
 through Shoal's SMP v1 runtime (``smp.init``, ``smp.DistributedModel``, ``@smp.step``, Adam),
 one mpirun job each: ``--warmup`` steps, then the median of ``--steps`` timed steps. Memory
 comes from one more job per configuration run with glibc giving freed memory back at once
-(``LIVE_ENV``): the largest growth of peak RSS over the ranks. Under glibc's defaults a
+(``LIVE_ENV``): the largest growth over the ranks of the peak of the private and
+shared-memory pages (the resident set less the pages mapped from files: the libraries'
+code, which the ranks share and a GPU's memory never holds). Under glibc's defaults a
 runtime whose threads allocate (prefetch, reduce, pipeline receive) keeps every thread
 arena's peak, up to 1.7x the live bytes on this grid; the planner predicts live bytes (as
 ``torch.cuda.max_memory_allocated`` counts them on a GPU). The timed jobs' RSS growth is
@@ -201,6 +203,7 @@ def worker(args) -> None:
     config = json.loads(args.config)
     smp.init(config["parameters"])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    private_before = _private()[0]
     args.base = _resident()[0] if args.phases else 0
     torch.manual_seed(0)
     with smp.tensor_parallelism(enabled=config["parameters"].get("tensor_parallel_degree",
@@ -222,8 +225,9 @@ def worker(args) -> None:
     if args.phases:
         phases(args, lambda: train(model, x, y), optimizer, dist)
         return
-    times = []
+    times, private = [], 0
     for step in range(args.warmup + args.steps):
+        _reset_peak()
         dist.barrier()
         started = time.perf_counter()
         optimizer.zero_grad()
@@ -232,12 +236,14 @@ def worker(args) -> None:
         dist.barrier()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+        private = max(private, _private()[1] - private_before)
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
-    grown_all = [None] * dist.get_world_size()
-    dist.all_gather_object(grown_all, grown)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (private, grown))
     if dist.get_rank() == 0:
         print("GRID " + json.dumps({"seconds": statistics.median(times), "steps": times,
-                                    "memory": max(grown_all)}), flush=True)
+                                    "memory": max(p for p, _ in every),
+                                    "memory_rss": max(g for _, g in every)}), flush=True)
 
 
 def phases(args, train, optimizer, dist) -> None:
@@ -272,6 +278,18 @@ def _resident() -> tuple[int, int]:
             if key in ("VmRSS", "VmHWM"):
                 values[key] = int(rest.split()[0]) * 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def _private() -> tuple[int, int]:
+    """This process's private and shared-memory pages, and their peak since the last
+    reset: the resident set (and its peak) less the pages mapped from files, the
+    libraries' code, which the ranks share and the kernel can drop (they only grow: those
+    mapped now are at least those mapped at the peak). A GPU's memory holds no such pages."""
+    resident, peak = _resident()
+    with open("/proc/self/status", encoding="ascii") as status:
+        files = next(int(line.split()[1]) * 1024 for line in status
+                     if line.startswith("RssFile:"))
+    return resident - files, peak - files
 
 
 def _reset_peak() -> None:
@@ -538,7 +556,8 @@ def combine(runs: list, live: dict) -> dict:
     if failed:
         return failed[0]
     return {"seconds": statistics.median(r["seconds"] for r in runs),
-            "memory": live["memory"], "rss": max(r["memory"] for r in runs),
+            "memory": live["memory"], "memory_rss": live["memory_rss"],
+            "rss": max(r["memory_rss"] for r in runs),
             "runs": [r["seconds"] for r in runs]}
 
 

@@ -108,6 +108,9 @@ def worker() -> None:
     assert comm.num_hosts == len(hosts), (comm, hosts)
     assert comm.local_size == len(hosts[comm.host_index])
     assert hosts[comm.host_index][comm.local_rank] == rank
+    if os.environ.get("CHECK_SLOTS_IDLE") == "1":
+        finish_worker(core, rank, check_slots_idle(core, rank, size))
+        return
     cases = 0
     for dtype in DTYPES:
         for op in OPS:
@@ -193,6 +196,34 @@ def check_big(core, rank, size) -> int:
     return 1
 
 
+def check_slots_idle(core, rank, size) -> int:
+    """Large allreduces of a group with one rank per host go host to host from the
+    caller's buffer: the segment's slots (64 x 256 KiB) are never cycled, so they stay
+    unresident however many run."""
+    base = (np.arange(2 << 20, dtype=np.int32) % 1001).astype(np.float32)  # 8 MiB
+    for step in range(12):
+        mine = base * np.float32(rank + step)
+        core.allreduce(mine)
+        want = base * np.float32(size * step + size * (size - 1) // 2)
+        assert np.array_equal(mine, want), f"8 MiB allreduce {step}"
+    resident = segment_resident()
+    assert resident < (1 << 20), f"{resident} bytes of the segment resident"
+    return 12
+
+
+def segment_resident() -> int:
+    """Resident bytes of this process's mappings of the core's host segments."""
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="ascii", errors="replace") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:
+                inside = "/dev/shm/shoal-" in line
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
 # ---------------------------------------------------------------- the tests
 def run_mpi(np_, extra_env=None, per_rank_host=None, timeout=300, script=HERE):
     env = dict(os.environ)
@@ -259,6 +290,14 @@ def test_two_ranks_through_shared_slots():
 @pytest.mark.slow
 def test_two_simulated_hosts():
     run_mpi(4, {"CHECK_BIG": "1"}, per_rank_host=lambda r: f"h{r // 2}")
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_one_rank_per_host(ranks):
+    # Every host alone in the group: large allreduces go host to host straight from the
+    # caller's buffer (all 50 M elements, and twelve of 8 MiB that leave the slots idle).
+    run_mpi(ranks, {"CHECK_BIG": "1"}, per_rank_host=lambda r: f"h{r}")
+    run_mpi(ranks, {"CHECK_SLOTS_IDLE": "1"}, per_rank_host=lambda r: f"h{r}")
 
 
 def test_two_simulated_hosts_small_chunks():

@@ -2,7 +2,7 @@
 //
 // Large allreduces (SHOAL_SINGLE_COPY_BYTES and up) take the single-copy path
 // when every local rank may read its peers' memory (process_vm_readv, probed
-// at init): each rank reduces its slice straight from its peers' buffers, in
+// at init), or when the group has one rank per host (nothing to read): each rank reduces its slice straight from its peers' buffers, in
 // cache-sized pieces; across hosts each batch of reduced pieces goes to the
 // other hosts while it is still in cache (interhost.cpp); then every rank
 // copies the other slices from their owners' buffers. Otherwise, and for
@@ -49,7 +49,11 @@ void Comm::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op, co
   const Topology& t = job_.topo;
   const int L = t.local_size, me = t.local_rank;
   const std::size_t es = dtype_size(dtype);
-  if (single_copy_ && count * es >= cfg_.single_copy_bytes)
+  // A group with one rank per host has no peer to read: its buffer goes to the other
+  // hosts straight from the caller's memory, never through the segment's slots (which
+  // would stay resident, depth x chunk bytes, once a large allreduce cycled them).
+  const bool alone = L == 1 && cfg_.single_copy_bytes > 0;
+  if ((single_copy_ || alone) && count * es >= cfg_.single_copy_bytes)
     return allreduce_single_copy(static_cast<char*>(data), count, dtype, op, name);
   const std::size_t per_chunk = cfg_.chunk_bytes / es;
   const uint64_t g0 = chunks_, end = g0 + (count + per_chunk - 1) / per_chunk;
@@ -245,17 +249,19 @@ void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, Red
   Slice pending{nullptr, 0};
   for (std::size_t lo = mine.lo; lo < mine.hi; lo += piece) {
     const std::size_t n = std::min(piece, mine.hi - lo);
-    for (int j = 0; j < L; ++j) {
-      if (j == me) {
-        srcs[j] = data + lo * es;
-        continue;
+    if (L > 1) {  // alone on its host, the buffer already holds the host's sum
+      for (int j = 0; j < L; ++j) {
+        if (j == me) {
+          srcs[j] = data + lo * es;
+          continue;
+        }
+        char* buf = pieces_.data() + (std::size_t)j * piece * es;
+        read_peer(j, seg_->address(j) + lo * es, buf, n * es, name);
+        srcs[j] = buf;
       }
-      char* buf = pieces_.data() + (std::size_t)j * piece * es;
-      read_peer(j, seg_->address(j) + lo * es, buf, n * es, name);
-      srcs[j] = buf;
+      reduce_into(dtype, op, data + lo * es, srcs.data(), L, n,
+                  op == ReduceOp::Average && H == 1 ? t.size : 1);
     }
-    reduce_into(dtype, op, data + lo * es, srcs.data(), L, n,
-                op == ReduceOp::Average && H == 1 ? t.size : 1);
     if (H == 1) continue;
     // Batch boundaries depend only on the slice, so the peers on other hosts
     // agree; a batch leaves while it is still in cache.

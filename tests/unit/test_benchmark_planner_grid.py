@@ -51,10 +51,12 @@ def test_the_summary_also_measures_the_pick_within_the_share_the_planner_plans_o
 
 
 def test_repeated_runs_give_the_median_time_the_live_peak_and_the_largest_rss():
-    live = {"seconds": 0.9, "memory": 4}
-    row = grid.combine([{"seconds": 0.3, "memory": 5}, {"seconds": 0.1, "memory": 9},
-                        {"seconds": 0.2, "memory": 7}], live)
-    assert row == {"seconds": 0.2, "memory": 4, "rss": 9, "runs": [0.3, 0.1, 0.2]}
+    live = {"seconds": 0.9, "memory": 4, "memory_rss": 6}
+    row = grid.combine([{"seconds": 0.3, "memory": 3, "memory_rss": 5},
+                        {"seconds": 0.1, "memory": 2, "memory_rss": 9},
+                        {"seconds": 0.2, "memory": 1, "memory_rss": 7}], live)
+    assert row == {"seconds": 0.2, "memory": 4, "memory_rss": 6, "rss": 9,
+                   "runs": [0.3, 0.1, 0.2]}
     assert grid.combine([{"seconds": 0.1, "memory": 1}, {"error": "exit 1"}], live) == {
         "error": "exit 1"}
     assert grid.combine([{"seconds": 0.1, "memory": 1}], {"error": "exit 2"}) == {
@@ -131,16 +133,42 @@ def test_the_resident_set_and_its_peak_are_read_from_proc():
     assert grid._resident()[1] < peak - (32 << 20)
 
 
+def test_private_memory_leaves_out_pages_mapped_from_files():
+    import mmap
+    import pathlib
+
+    import torch
+
+    # a library on disk (a file on tmpfs would be shared memory, which does count)
+    library = next(pathlib.Path(torch.__file__).parent.glob("lib/libtorch_cpu.so*"))
+    rss, private = grid._resident()[0], grid._private()[0]
+    with open(library, "rb") as handle:
+        code = mmap.mmap(handle.fileno(), 64 << 20, access=mmap.ACCESS_READ)
+        touched = sum(code[offset] >= 0 for offset in range(0, len(code), mmap.PAGESIZE))
+        grown, grown_private = grid._resident()[0] - rss, grid._private()[0] - private
+        code.close()
+    assert touched == (64 << 20) // mmap.PAGESIZE
+    assert grown > 48 << 20 and grown_private < 8 << 20  # resident, and not private
+    block = mmap.mmap(-1, 64 << 20)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
+    assert grid._private()[0] - private > 48 << 20  # anonymous pages are
+    block.close()
+
+
 def test_finals_run_the_pick_and_the_best_head_to_head(monkeypatch, capsys, tmp_path):
     """The verdict is measured again: both configurations, alternating, and the regret from
     their medians, not from the one grid run each had."""
     import argparse
     import json
 
-    saved_path = PATH.parent / "results" / "planner_grid-2026-11-29e.json"
+    saved = json.loads((PATH.parent / "results" / "planner_grid-2026-12-07.json").read_text())
+    saved["results"] = saved["results"][1:]  # the transformer's, whose pick is not its best
+    saved_path = tmp_path / "saved.json"
+    saved_path.write_text(json.dumps(saved))
     args = argparse.Namespace(batch=16, max_microbatches=2, saved=str(saved_path),
                               fractions="0.7", rounds=3)
-    verdict = grid.regrade(args, json.loads(saved_path.read_text()))[0][0]
+    verdict = grid.regrade(args, saved)[0][0]
     pick, best = verdict["pick"], verdict["best"]
     assert pick != best
     runs = []
@@ -154,10 +182,10 @@ def test_finals_run_the_pick_and_the_best_head_to_head(monkeypatch, capsys, tmp_
 
     from shoal.planning import explain
 
-    by_name = {explain.describe(c): c for c in grid.pricing(args, "mlp", None)[2]}
+    by_name = {explain.describe(c): c for c in grid.pricing(args, "transformer", None)[2]}
     monkeypatch.setattr(grid, "run_config", fake_run)
     assert grid.finals(args) == 0
     assert sorted(runs) == sorted([pick, best] * 3)
     assert runs[:2] == list(reversed(runs[2:4]))  # alternating order, round by round
     out = capsys.readouterr().out
-    assert f"| mlp | 0.7 x largest | {pick} | {best} | 1.050 | 1.000 | +5.0 % |" in out
+    assert f"| transformer | 0.7 x largest | {pick} | {best} | 1.050 | 1.000 | +5.0 % |" in out

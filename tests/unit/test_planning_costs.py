@@ -93,7 +93,7 @@ def test_as_many_parts_as_loads_gives_one_layer_each():
 # -- memory ----------------------------------------------------------------------------------
 
 def test_mixed_precision_adam_keeps_16_bytes_per_parameter():
-    profile = uniform()
+    profile = uniform(act=0.0)  # no activations: the peak is the gradients' reduction
     estimate = model(profile).estimate(Candidate(1, 1, 1))
     # ZeRO section 3.1: 2 (fp16 weights) + 2 (fp16 grads) + 12 (fp32 master, two moments)
     assert states(estimate) == 16 * profile.params
@@ -102,13 +102,13 @@ def test_mixed_precision_adam_keeps_16_bytes_per_parameter():
 
 
 def test_fp32_adam_keeps_weights_grads_and_two_moments():
-    profile = uniform()
+    profile = uniform(act=0.0)
     estimate = model(profile, precision="fp32").estimate(Candidate(1, 1, 1))
     assert states(estimate) == (4 + 4 + 8) * profile.params
 
 
 def test_optimizer_state_sharding_is_zero_1():
-    profile = uniform()
+    profile = uniform(act=0.0)
     estimate = model(profile).estimate(Candidate(1, 1, 8, optimizer_sharding=True))
     assert states(estimate) == pytest.approx(4 * profile.params + 12 * profile.params / 8)
 
@@ -170,22 +170,54 @@ def test_a_pipelines_first_stage_holds_the_models_output_and_the_loss():
     cost = model(profile, batch=64)
     gradients = 2 * 1e6 * 2  # the first stage's 2 layers, 16-bit
     piped = cost.estimate(Candidate(1, 2, 1, microbatches=4))
-    assert piped.memory["gradients"] == pytest.approx(gradients)
     # per microbatch in flight (all 4; pipeline + 2 at most): the output and its
     # log-softmax; for the one whose loss runs its backward, both gradients and the softmax.
-    # Those five are freed before the stage's gradients exist: the larger of them all less
-    # the gradients, and the other 3 microbatches' outputs beside the gradients, counts
-    assert piped.memory["step_outputs"] == pytest.approx((2 * 4 + 3) * 1e5 * 16 - gradients)
-    # a small output (five of it under the gradients): the others' outputs are the peak
+    # Those five are freed before the stage makes any gradient: the first microbatch's
+    # loss, before any gradient exists, is the peak here
+    assert piped.memory["step_outputs"] == pytest.approx((2 * 4 + 3) * 1e5 * 16)
+    assert "gradients" not in piped.memory
+    # a small output (five of it under the gradients): a later microbatch's, with the
+    # other 3 microbatches' outputs beside the gradients held for accumulation, is
     small = model(ModelProfile("uniform", [layer] * 3 + [attrs.evolve(layer, boundary=1e4)]),
                   batch=64).estimate(Candidate(1, 2, 1, microbatches=4))
     assert small.memory["step_outputs"] == pytest.approx(2 * 3 * 1e4 * 16)
+    assert small.memory["gradients"] == pytest.approx(gradients)
     assert "step_outputs" not in cost.estimate(Candidate(1, 1, 1)).memory
-    # one microbatch: the loss's tensors are gone before the stage's gradients exist, so
-    # only what they hold beyond the gradients (here nothing) adds to the peak
+    # one microbatch: all five of its loss, and no gradient yet
     once = cost.estimate(Candidate(1, 2, 1, microbatches=1))
-    outputs = 5 * 1e5 * 64
-    assert once.memory["step_outputs"] == pytest.approx(outputs - gradients)
+    assert once.memory["step_outputs"] == pytest.approx(5 * 1e5 * 64)
+    assert "gradients" not in once.memory
+
+
+def test_the_peak_is_the_backward_or_the_gradients_reduction_whichever_holds_more():
+    heavy = model(uniform(act=1e6)).estimate(Candidate(1, 1, 16))
+    params = 8 * 1_000_000
+    # the backward begins with every activation and no gradient (zero_grad freed them)
+    assert heavy.memory["activations"] > 0
+    assert "gradients" not in heavy.memory and "gradient_buckets" not in heavy.memory
+    assert heavy.memory_bytes == pytest.approx(
+        2 * params + 12 * params + heavy.memory["activations"])
+    # activations smaller than the gradients and the all-reduce's copies of them
+    light = model(uniform(act=10.0)).estimate(Candidate(1, 1, 16))
+    assert "activations" not in light.memory
+    assert light.memory["gradients"] == light.memory["gradient_buckets"] == 2 * params
+    assert light.memory_bytes == pytest.approx((2 + 2 + 12 + 2) * params)
+
+
+def test_earlier_microbatches_gradients_sit_beside_a_later_ones_activations():
+    one = model(uniform(act=1e6)).estimate(Candidate(1, 1, 16))
+    two = model(uniform(act=1e6)).estimate(Candidate(1, 1, 16, microbatches=2))
+    assert "gradients" not in one.memory
+    assert two.memory["gradients"] == 2 * 8 * 1_000_000
+    assert two.memory["activations"] == pytest.approx(one.memory["activations"] / 2)
+
+
+def test_optimizer_state_sharding_reduces_one_owners_bucket_at_a_time():
+    params = 8 * 1_000_000
+    plain = model(uniform(act=0.0)).estimate(Candidate(1, 1, 8)).memory
+    sharded = model(uniform(act=0.0)).estimate(Candidate(1, 1, 8, optimizer_sharding=True))
+    assert plain["gradient_buckets"] == 2 * params  # a copy of every bucket at once
+    assert sharded.memory["gradient_buckets"] == pytest.approx(2 * params / 8)
 
 
 def test_tensor_parallelism_halves_only_the_layers_it_splits():

@@ -21,6 +21,12 @@ Memory (bytes on the most loaded device):
   checkpointed block is recomputed, so the larger of the two counts;
 * a pipeline's first stage also holds the model's output and the loss made from it: SMP runs
   the step function there;
+* when they are held (:func:`_peak`): the step starts with no gradients (``zero_grad`` frees
+  them), so the backward's peak, as it begins, holds the activations and only the gradients
+  earlier microbatches left to accumulate into; as it goes on each layer's activations are
+  freed as its gradients are made. After it, the data-parallel reduction holds the whole
+  gradients and the all-reduce's copies of them (all buckets at once; one owner's bucket at
+  a time with optimizer-state sharding). The stage's peak is the larger of the two;
 * under sharded data parallelism: tensors under ``sdp_param_persistence_threshold`` whole on
   every rank, the gathered window of the others (prefetching), and the gradients whole until
   their bucket is reduce-scattered from float32 rows.
@@ -169,6 +175,28 @@ def active_microbatches(c: Candidate) -> int:
     (pipeline + 2) along a pipeline; one on a single stage, whose scheduler runs each
     microbatch's backward before the next one's forward."""
     return min(c.microbatches, c.pipeline + 2) if c.pipeline > 1 else 1
+
+
+def _peak(states: dict, activations: float, gradients: float, buckets: float,
+          outputs: tuple[float, float], accumulating: bool) -> dict:
+    """What a stage holds at its peak, term by term: the larger of its backward and the
+    gradients' reduction after it.
+
+    The backward's peak comes as it begins: every saved activation, and the gradients
+    only where earlier microbatches left theirs to be accumulated into (the step starts
+    with none: ``zero_grad`` frees them). As it goes on each layer's activations are freed
+    as its gradients are made. The reduction then holds the whole gradients and the
+    all-reduce's copies of them (``buckets``), the activations gone."""
+    first_loss, later = outputs
+    held = gradients if accumulating else 0.0
+    backward = {**states, "activations": activations}
+    if first_loss >= held + later:
+        backward["step_outputs"] = first_loss
+    else:
+        backward.update(gradients=held, step_outputs=later)
+    reduction = {**states, "gradients": gradients, "gradient_buckets": buckets}
+    peak = max((backward, reduction), key=lambda terms: sum(terms.values()))
+    return {k: v for k, v in peak.items() if v or k in states}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -365,21 +393,30 @@ class CostModel:
     def _stage(self, c: Candidate, s: StageSums, first: bool, persistent=None):
         w, t, shard = self.w, c.tensor, c.sharded
         params = s.params_split / t + s.params_kept
-        memory = {
+        micro = self.micro(c)
+        states = {
             "parameters": params * w.weight_bytes / shard,
-            "gradients": params * w.weight_bytes / shard,
             "optimizer_states": params * w.state_bytes / (c.data if c.optimizer_sharding
                                                           else shard),
         }
-        micro = self.micro(c)
-        memory["activations"] = self._activations(c, s, micro, first)
-        if shard == 1 and c.data > 1:  # the all-reduce works on a copy of each bucket
-            memory["gradient_buckets"] = params * w.weight_bytes
+        gradients = params * w.weight_bytes / shard
+        activations = self._activations(c, s, micro, first)
+        outputs = self._step_outputs(c, micro) if first and c.pipeline > 1 else (0.0, 0.0)
         if shard > 1:
-            memory.update(self._sharded_memory(c, params, persistent))
-        if first and c.pipeline > 1:
-            memory["step_outputs"] = self._step_outputs(
-                c, micro, memory["gradients"] + memory.get("gradient_buckets", 0.0))
+            memory = {**states, "gradients": gradients, "activations": activations,
+                      **self._sharded_memory(c, params, persistent)}
+            if outputs[0]:
+                memory["step_outputs"] = max(
+                    outputs[0] - gradients - memory["gradient_buckets"], outputs[1], 0.0)
+        else:
+            buckets = 0.0
+            if c.data > 1:
+                # the all-reduce works on a copy of every bucket at once; with optimizer-state
+                # sharding the buckets go one at a time to their owner (each owner's share,
+                # one data-parallel rank's, in one bucket) beside the whole gradients
+                buckets = params * w.weight_bytes / (c.data if c.optimizer_sharding else 1)
+            memory = _peak(states, activations, gradients, buckets, outputs,
+                           accumulating=c.microbatches > 1)
         return memory, self._slot(c, s, micro, params, persistent)
 
     def _sharded_memory(self, c: Candidate, params: float, persistent) -> dict:
@@ -417,20 +454,19 @@ class CostModel:
         return (per_sample * micro * self.w.activation_scale * in_flight
                 + loss / 3 * in_flight + max(recomputing, 2 * loss / 3))
 
-    def _step_outputs(self, c: Candidate, micro: float, gradients: float) -> float:
+    def _step_outputs(self, c: Candidate, micro: float) -> tuple[float, float]:
         """The model's output comes back to the first stage, where the step function
         computes the loss (SMP runs the top module there): per microbatch in flight, the
         output and the loss's saved copy of it (log-softmax); for the one whose loss runs
         its backward, their gradients and the softmax the loss's gradient is made from.
 
-        That backward frees its microbatch's five before the stage's own backward makes the
-        ``gradients`` (and their buckets), which stay to the step's end: the peak is the
-        larger of all of them less the gradients (the first microbatch's loss, before any
-        gradient exists) and the other microbatches' outputs beside the gradients."""
+        That backward frees its microbatch's five before the stage's own backward makes
+        any gradient: the first microbatch's loss holds all of them (the first figure),
+        a later one's the other microbatches' outputs beside the gradients (the second)."""
         last = (self.stage_sums(c.pipeline, micro)[-1].out_boundary * micro
                 * self.w.activation_scale)
         active = active_microbatches(c)
-        return max((2 * active + 3) * last - gradients, 2 * (active - 1) * last, 0.0)
+        return (2 * active + 3) * last, 2 * (active - 1) * last
 
     def _slot(self, c: Candidate, s: StageSums, micro: float, params: float,
               persistent=None) -> dict:

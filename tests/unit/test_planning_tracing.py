@@ -99,6 +99,16 @@ def test_saved_activations_leave_the_weights_out(mlp):
     assert block.boundary == 2 * h  # its output, at 16 bits
 
 
+def test_tensor_parallelism_splits_what_the_linears_save_and_nothing_else(mlp):
+    profile = profile_factory(f"{mlp}:build", (8, 16))
+    block = next(layer for layer in profile.layers if layer.repeated)
+    h = 64
+    # SMP's DistributedLinear splits its input features: up's and down's inputs are split;
+    # GELU's input is up's summed output, whole on every tensor-parallel rank
+    assert block.act_split == 2 * (h + 4 * h)
+    assert block.act_kept == 2 * 4 * h
+
+
 def test_activations_and_flops_scale_with_the_sample_not_the_batch(mlp):
     one = profile_factory(f"{mlp}:build", (8, 16))
     three = profile_factory(f"{mlp}:build", (8, 3, 16))  # three rows per sample

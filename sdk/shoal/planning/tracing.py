@@ -3,7 +3,10 @@
 ``my_model.py:build`` names a factory returning an ``nn.Module``. The factory runs under
 ``torch.device("meta")``, so no weight is allocated, and one forward with a sample input of the
 given shape is traced: torch's ``FlopCounterMode`` counts the FLOPs, a saved-tensors hook the
-bytes autograd keeps for the backward, forward hooks each block's output. The model's layers
+bytes autograd keeps for the backward (those a Linear saves, its input, are what tensor
+parallelism splits: SMP's ``DistributedLinear`` splits its input features and sums the
+partial products, so the rest stays whole on every rank), forward hooks each block's output.
+The model's layers
 are its main stack of identical blocks (the ``ModuleList`` or ``nn.Sequential`` of one class
 holding the most parameters), with what runs before and after it as two more layers.
 """
@@ -101,6 +104,11 @@ class _Trace:
         self.blocks = blocks
         self.current = "prologue"
         self.flops, self.saved, self.boundary, self.tp, self.ops = {}, {}, {}, {}, {}
+        # what Linears save (their input), which tensor parallelism splits: SMP's
+        # DistributedLinear splits its input features and sums the partial products, so its
+        # output, and what the next modules save of it, is whole on every rank
+        self.saved_split: dict[str, float] = {}
+        self.in_linear = 0
         # where each module outside the blocks first ran, and every module's output bytes
         self.section: dict[int, str] = {}
         self.outputs: dict[str, float] = {}
@@ -134,13 +142,19 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
         handles.append(block.register_forward_hook(lambda _m, _a, out, i=index: _leave(
             trace, f"block{i}", out)))
     for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            handles.append(module.register_forward_pre_hook(
+                lambda _m, _a: setattr(trace, "in_linear", trace.in_linear + 1)))
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            handles.append(module.register_forward_hook(lambda _m, _a, out: _tp(trace, out)))
+            handles.append(module.register_forward_hook(lambda m, _a, out: _tp(trace, m, out)))
 
     def pack(tensor):
         base = tensor._base if tensor._base is not None else tensor  # weights saved as views
         if id(base) not in param_ids:
-            trace.saved[trace.current] = trace.saved.get(trace.current, 0.0) + _bytes16(tensor)
+            key, size = trace.current, _bytes16(tensor)
+            trace.saved[key] = trace.saved.get(key, 0.0) + size
+            if trace.in_linear:
+                trace.saved_split[key] = trace.saved_split.get(key, 0.0) + size
         return tensor
 
     x = _sample(model, sample_shape)
@@ -205,7 +219,11 @@ def _leave(trace: _Trace, name: str, out) -> None:
     trace.boundary[name] = sum(_bytes16(t) for t in tensors)
 
 
-def _tp(trace: _Trace, out) -> None:
+def _tp(trace: _Trace, module, out) -> None:
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        trace.in_linear -= 1
     if hasattr(out, "numel"):
         trace.tp[trace.current] = trace.tp.get(trace.current, 0.0) + _bytes16(out)
 
@@ -283,8 +301,9 @@ def _count(params) -> int:
 def _layer(trace, key, params, batch, *, boundary, repeated=False, split=True,
            largest=0, modules=1) -> Layer:
     saved = trace.saved.get(key, 0.0) / batch
-    return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=saved if split
-                 else 0.0, act_kept=0.0 if split else saved, boundary=boundary,
+    cut = trace.saved_split.get(key, 0.0) / batch if split else 0.0
+    return Layer(key, int(params), trace.flops.get(key, 0.0) / batch, act_split=cut,
+                 act_kept=saved - cut, boundary=boundary,
                  tp_comm=trace.tp.get(key, 0.0) / batch if split else 0.0, split=split,
                  repeated=repeated, largest=largest, ops=trace.ops.get(key, 0),
                  modules=max(1, modules), outputs=trace.outputs.get(key, 0.0) / batch)

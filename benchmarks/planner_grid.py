@@ -269,15 +269,21 @@ def phases(args, train, optimizer, dist) -> None:
         print("GRID " + json.dumps({k: max(r[k] for r in every) for k in found}), flush=True)
 
 
-def _resident() -> tuple[int, int]:
-    """This process's resident set and its peak since the last reset, in bytes."""
+def _status(*keys: str) -> list[int]:
+    """Fields of ``/proc/self/status``, in bytes, in the order asked (one read)."""
     values = {}
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in keys:
                 values[key] = int(rest.split()[0]) * 1024
-    return values["VmRSS"], values["VmHWM"]
+    return [values[key] for key in keys]
+
+
+def _resident() -> tuple[int, int]:
+    """This process's resident set and its peak since the last reset, in bytes."""
+    resident, peak = _status("VmRSS", "VmHWM")
+    return resident, peak
 
 
 def _private() -> tuple[int, int]:
@@ -285,10 +291,7 @@ def _private() -> tuple[int, int]:
     reset: the resident set (and its peak) less the pages mapped from files, the
     libraries' code, which the ranks share and the kernel can drop (they only grow: those
     mapped now are at least those mapped at the peak). A GPU's memory holds no such pages."""
-    resident, peak = _resident()
-    with open("/proc/self/status", encoding="ascii") as status:
-        files = next(int(line.split()[1]) * 1024 for line in status
-                     if line.startswith("RssFile:"))
+    resident, peak, files = _status("VmRSS", "VmHWM", "RssFile")
     return resident - files, peak - files
 
 

@@ -2,8 +2,9 @@
 //
 // Large allreduces (SHOAL_SINGLE_COPY_BYTES and up) take the single-copy path
 // when every local rank may read its peers' memory (process_vm_readv, probed
-// at init), or when the group has one rank per host (nothing to read): each rank reduces its slice straight from its peers' buffers, in
-// cache-sized pieces; across hosts each batch of reduced pieces goes to the
+// at init), or when the group has one rank per host (nothing to read): each
+// rank reduces its slice straight from its peers' buffers, in cache-sized
+// pieces; across hosts each batch of reduced pieces goes to the
 // other hosts while it is still in cache (interhost.cpp); then every rank
 // copies the other slices from their owners' buffers. Otherwise, and for
 // smaller messages, allreduce works per chunk of at most SHOAL_SHM_CHUNK_BYTES:
@@ -223,11 +224,11 @@ void Comm::wait_counter(Counter which, uint64_t target, const std::string& name)
   }
 }
 
-// Large messages on one host, when local ranks may read each other's memory:
-// each rank reduces its slice straight from its peers' buffers (through
-// cache-sized pieces), then copies the other slices from their owners'
-// buffers. One copy of the data instead of three, and three handshakes per
-// operation.
+// Large messages, when local ranks may read each other's memory (or a rank is
+// alone on its host): each rank reduces its slice straight from its peers'
+// buffers (through cache-sized pieces), then copies the other slices from their
+// owners' buffers. One copy of the data instead of three, and three handshakes
+// per operation.
 void Comm::allreduce_single_copy(char* data, std::size_t count, DType dtype, ReduceOp op,
                                  const std::string& name) {
   const Topology& t = job_.topo;

@@ -6,9 +6,9 @@ given shape is traced: torch's ``FlopCounterMode`` counts the FLOPs, a saved-ten
 bytes autograd keeps for the backward (those a Linear saves, its input, are what tensor
 parallelism splits: SMP's ``DistributedLinear`` splits its input features and sums the
 partial products, so the rest stays whole on every rank), forward hooks each block's output.
-The model's layers
-are its main stack of identical blocks (the ``ModuleList`` or ``nn.Sequential`` of one class
-holding the most parameters), with what runs before and after it as two more layers.
+The model's layers are its main stack of identical blocks (the ``ModuleList`` or
+``nn.Sequential`` of one class holding the most parameters), with what runs before and after
+it as two more layers.
 """
 
 from __future__ import annotations
@@ -142,11 +142,12 @@ def profile_module(model, sample_shape, *, name: str = "model") -> ModelProfile:
         handles.append(block.register_forward_hook(lambda _m, _a, out, i=index: _leave(
             trace, f"block{i}", out)))
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, torch.nn.Linear):  # what it saves meanwhile is split
             handles.append(module.register_forward_pre_hook(
-                lambda _m, _a: setattr(trace, "in_linear", trace.in_linear + 1)))
+                lambda _m, _a: _linear(trace, 1)))
+            handles.append(module.register_forward_hook(lambda _m, _a, _o: _linear(trace, -1)))
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            handles.append(module.register_forward_hook(lambda m, _a, out: _tp(trace, m, out)))
+            handles.append(module.register_forward_hook(lambda _m, _a, out: _tp(trace, out)))
 
     def pack(tensor):
         base = tensor._base if tensor._base is not None else tensor  # weights saved as views
@@ -219,11 +220,11 @@ def _leave(trace: _Trace, name: str, out) -> None:
     trace.boundary[name] = sum(_bytes16(t) for t in tensors)
 
 
-def _tp(trace: _Trace, module, out) -> None:
-    import torch
+def _linear(trace: _Trace, step: int) -> None:
+    trace.in_linear += step
 
-    if isinstance(module, torch.nn.Linear):
-        trace.in_linear -= 1
+
+def _tp(trace: _Trace, out) -> None:
     if hasattr(out, "numel"):
         trace.tp[trace.current] = trace.tp.get(trace.current, 0.0) + _bytes16(out)
 

@@ -224,13 +224,21 @@ def broadcast(array: np.ndarray, root: int = 0, group: Group | None = None) -> n
     return array
 
 
-def allgather(array: np.ndarray, group: Group | None = None) -> np.ndarray:
-    """A new array of shape ``(size, *array.shape)``: row r is rank r's array."""
+def allgather(array: np.ndarray, group: Group | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """An array of shape ``(size, *array.shape)``: row r is rank r's array. ``out``, if
+    given, receives it (C-contiguous, that shape and dtype); ``array`` may be this rank's
+    own row of it, which then is not copied: the gather needs no second buffer."""
     array = np.ascontiguousarray(array)
     if not is_initialized():
         raise ValidationError("shoal collectives are not initialized: call init() first")
     size = init().size if group is None else group.size
-    out = np.empty((size, *array.shape), dtype=array.dtype)
+    shape = (size, *array.shape)
+    if out is None:
+        out = np.empty(shape, dtype=array.dtype)
+    elif out.shape != shape or out.dtype != array.dtype or not out.flags.c_contiguous:
+        raise ValidationError(f"allgather: 'out' must be a C-contiguous {array.dtype} array of "
+                              f"shape {shape} (got {out.dtype} {out.shape})")
     _binding().allgather(_target(group), _raw(array), _raw(out))
     return out
 

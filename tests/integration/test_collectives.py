@@ -109,7 +109,11 @@ def worker() -> None:
     assert comm.local_size == len(hosts[comm.host_index])
     assert hosts[comm.host_index][comm.local_rank] == rank
     if os.environ.get("CHECK_SLOTS_IDLE") == "1":
-        finish_worker(core, rank, check_slots_idle(core, rank, size))
+        cases = check_slots_idle(core, rank, size) + check_reduce_keeps_nothing(core, rank, size)
+        finish_worker(core, rank, cases)
+        return
+    if os.environ.get("CHECK_REDUCE_HEAP") == "1":
+        finish_worker(core, rank, check_reduce_keeps_nothing(core, rank, size))
         return
     cases = 0
     for dtype in DTYPES:
@@ -173,13 +177,25 @@ def check_other_collectives(core, rank, size) -> int:
         for r in range(size):
             assert (gathered[r] == np.arange(n, dtype=np.int32) * (r + 1)).all()
         cases += 1
-    for root in range(size):
-        inputs = [np.arange(513, dtype=np.int64) + r for r in range(size)]
-        mine = inputs[rank].copy()
-        core.reduce(mine, op="sum", root=root)
-        want = sum(inputs) if rank == root else inputs[rank]
-        assert (mine == want).all()
+    # In place: this rank's row of ``out`` is its input.
+    for n in (1, 300_007):
+        out = np.zeros((size, n), dtype=np.float32)
+        out[rank] = np.arange(n, dtype=np.float32) + rank
+        assert core.allgather(out[rank], out=out) is out
+        with pytest.raises(core.ValidationError, match="'out' must be"):
+            core.allgather(out[rank], out=np.zeros((size + 1, n), dtype=np.float32))
+        for r in range(size):
+            assert (out[r] == np.arange(n, dtype=np.float32) + r).all(), f"in place n={n}"
         cases += 1
+    # One chunk, and several (the blocks of other hosts sent from the buffer itself).
+    for root in range(size):
+        for n in (513, 300_007):
+            inputs = [np.arange(n, dtype=np.int64) + r for r in range(size)]
+            mine = inputs[rank].copy()
+            core.reduce(mine, op="sum", root=root)
+            want = sum(inputs) if rank == root else inputs[rank]
+            assert (mine == want).all(), f"reduce root={root} n={n}"
+            cases += 1
     for _ in range(20):
         core.barrier()
     return cases + 1
@@ -209,6 +225,42 @@ def check_slots_idle(core, rank, size) -> int:
     resident = segment_resident()
     assert resident < (1 << 20), f"{resident} bytes of the segment resident"
     return 12
+
+
+def check_reduce_keeps_nothing(core, rank, size) -> int:
+    """A reduce stages the partials bound for other hosts for that call only: twelve of
+    8 MiB, every rank the root in turn, leave the heap's bytes in use where one small
+    reduce left them (a staging buffer kept for the next call would hold a block per
+    host, 8 MiB in all here, between steps)."""
+    base = (np.arange(2 << 20, dtype=np.int32) % 1001).astype(np.float32)  # 8 MiB
+    mine, want = np.empty_like(base), np.empty_like(base)
+    core.reduce(np.ones(513, dtype=np.float32), root=0)  # the core's fixed buffers
+    before = heap_in_use()
+    for step in range(12):
+        np.multiply(base, np.float32(rank + step), out=mine)
+        core.reduce(mine, root=step % size)
+        if rank == step % size:
+            np.multiply(base, np.float32(size * step + size * (size - 1) // 2), out=want)
+            assert np.array_equal(mine, want), f"8 MiB reduce {step}"
+    grown = heap_in_use() - before
+    assert grown < (1 << 20), f"{grown} bytes of the heap kept after the reduces"
+    return 12
+
+
+def heap_in_use() -> int:
+    """Bytes this process has allocated and not freed (glibc's ``mallinfo2``: in the heaps
+    and in blocks mapped on their own)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return info.hblkhd + info.uordblks
 
 
 def segment_resident() -> int:
@@ -298,6 +350,13 @@ def test_one_rank_per_host(ranks):
     # caller's buffer (all 50 M elements, and twelve of 8 MiB that leave the slots idle).
     run_mpi(ranks, {"CHECK_BIG": "1"}, per_rank_host=lambda r: f"h{r}")
     run_mpi(ranks, {"CHECK_SLOTS_IDLE": "1"}, per_rank_host=lambda r: f"h{r}")
+
+
+def test_a_reduce_keeps_no_staging_between_calls():
+    # Two hosts of two ranks: each rank's partials of the other host's blocks, and that
+    # host's partials of its own, are staged for the call only (one rank per host:
+    # test_one_rank_per_host).
+    run_mpi(4, {"CHECK_REDUCE_HEAP": "1"}, per_rank_host=lambda r: f"h{r // 2}")
 
 
 def test_two_simulated_hosts_small_chunks():

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "kernels.h"
 #include "net.h"
@@ -49,26 +50,44 @@ void wait_all(std::vector<WorkPtr>& handles) {
 
 // Every rank's `send` holds the blocks of all ranks (`blocks`, element ranges
 // by rank); `out` receives this rank's reduced block.
+//
+// The partials bound for other hosts are staged for this call only: they are
+// as large as the message (a block per host), unlike an allreduce's batches
+// of chunks, and a buffer kept for the next call would stay resident between
+// steps. A rank alone on its host stages nothing it can avoid: its partials
+// are its own buffer, sent from where they lie, and one other host's partial
+// of its block arrives straight into `out` (its own stays in `send`).
 void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& blocks,
                          DType dtype, ReduceOp op, const std::string& name) {
   const Topology& t = job_.topo;
   const int L = t.local_size, me = t.local_rank, H = t.num_hosts, host = t.host_index;
   const std::size_t es = dtype_size(dtype);
   const int divisor = op == ReduceOp::Average ? t.size : 1;
+  const Range mine = blocks[t.rank];
   const uint64_t g = ++chunks_;
   if (L > 1) {
     seg_->set_address(reinterpret_cast<uint64_t>(send));
     seg_->publish(Counter::Posted, g);
     wait_counter(Counter::Posted, g, name);
   }
+  // Alone on its host (and `out` apart from `send`), the first other host's
+  // partial lands in `out`.
+  const std::size_t total = blocks.empty() ? 0 : blocks.back().hi * es;
+  const bool into_out = L == 1 && H > 1 && (out + mine.size() * es <= send || out >= send + total);
   const std::size_t piece = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
   pieces_.resize((std::size_t)L * piece * es);
-  out_.resize(H);
+  std::vector<std::unique_ptr<char[]>> staged(H);  // uninitialised: every byte is written
+  std::vector<const char*> partial(H);
   std::vector<const void*> srcs(std::max(L, H));
   for (int h = 0; h < H; ++h) {
     const Range b = blocks[job_.host_ranks[h][me]];
-    if (h != host) out_[h].resize(b.size() * es);
-    char* dst = h == host ? out : out_[h].data();
+    if (L == 1 && (h != host || into_out)) {
+      partial[h] = send + b.lo * es;
+      continue;
+    }
+    if (h != host) staged[h].reset(new char[std::max<std::size_t>(1, b.size() * es)]);
+    char* dst = h == host ? out : staged[h].get();
+    partial[h] = dst;
     for (std::size_t lo = 0; lo < b.size(); lo += piece) {
       const std::size_t n = std::min(piece, b.size() - lo);
       const std::size_t at = (b.lo + lo) * es;
@@ -90,18 +109,27 @@ void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& 
     seg_->publish(Counter::Gathered, g);
   }
   if (H == 1) return;
-  const Range mine = blocks[t.rank];
-  in_.resize(H);
+  std::vector<std::unique_ptr<char[]>> received(H);
   std::vector<net::Transfer> xfer;
+  bool out_taken = false;
   for (int h = 0; h < H; ++h) {
-    if (h == host) continue;
+    if (h == host) {
+      srcs[h] = partial[h];
+      continue;
+    }
     const int peer = job_.global(job_.host_ranks[h][me]);
-    in_[h].resize(mine.size() * es);
-    xfer.push_back({job_.mesh[h], out_[h].data(), out_[h].size(), true, peer});
-    xfer.push_back({job_.mesh[h], in_[h].data(), in_[h].size(), false, peer});
+    char* into = out;
+    if (!into_out || out_taken) {
+      received[h].reset(new char[std::max<std::size_t>(1, mine.size() * es)]);
+      into = received[h].get();
+    }
+    out_taken = out_taken || into == out;
+    srcs[h] = into;
+    xfer.push_back({job_.mesh[h], const_cast<char*>(partial[h]),
+                    blocks[job_.host_ranks[h][me]].size() * es, true, peer});
+    xfer.push_back({job_.mesh[h], into, mine.size() * es, false, peer});
   }
   net::run(xfer, cfg_.timeout_ms, name, [this] { seg_->check_abort(); }, cfg_.timeout_note);
-  for (int h = 0; h < H; ++h) srcs[h] = h == host ? static_cast<const void*>(out) : in_[h].data();
   reduce_into(dtype, op, out, srcs.data(), H, mine.size(), divisor);
 }
 

@@ -170,13 +170,15 @@ def _allgather_owned(group: _Group) -> None:
     width = max(widths)
     if not width:
         return
-    mine = torch.zeros(width, dtype=torch.uint8)
+    # this rank's row is filled in place: the gather needs no copy of its share
+    rows = torch.zeros(group.size, width, dtype=torch.uint8)
     offset = 0
     for param in group.owned_by(group.me):
         n = _nbytes(param)
-        mine[offset:offset + n] = param.detach().reshape(-1).view(torch.uint8)
+        rows[group.me, offset:offset + n] = param.detach().reshape(-1).view(torch.uint8)
         offset += n
-    rows = torch.from_numpy(core.allgather(mine.numpy(), group=group.core))
+    gathered = rows.numpy()
+    core.allgather(gathered[group.me], group=group.core, out=gathered)
     with torch.no_grad():
         for member in range(group.size):
             if member == group.me:

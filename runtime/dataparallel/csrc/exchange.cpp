@@ -74,9 +74,15 @@ void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& 
   // partial lands in `out`.
   const std::size_t total = blocks.empty() ? 0 : blocks.back().hi * es;
   const bool into_out = L == 1 && H > 1 && (out + mine.size() * es <= send || out >= send + total);
+  const int into_out_from = into_out ? (host == 0 ? 1 : 0) : -1;
   const std::size_t piece = std::max<std::size_t>(1, cfg_.chunk_bytes / es);
-  pieces_.resize((std::size_t)L * piece * es);
-  std::vector<std::unique_ptr<char[]>> staged(H);  // uninitialised: every byte is written
+  if (L > 1) pieces_.resize((std::size_t)L * piece * es);
+  // This call's staging, uninitialised: every byte is written before it is read.
+  std::vector<std::unique_ptr<char[]>> staging;
+  auto stage = [&](std::size_t bytes) {
+    staging.emplace_back(new char[std::max<std::size_t>(1, bytes)]);
+    return staging.back().get();
+  };
   std::vector<const char*> partial(H);
   std::vector<const void*> srcs(std::max(L, H));
   for (int h = 0; h < H; ++h) {
@@ -85,8 +91,7 @@ void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& 
       partial[h] = send + b.lo * es;
       continue;
     }
-    if (h != host) staged[h].reset(new char[std::max<std::size_t>(1, b.size() * es)]);
-    char* dst = h == host ? out : staged[h].get();
+    char* dst = h == host ? out : stage(b.size() * es);
     partial[h] = dst;
     for (std::size_t lo = 0; lo < b.size(); lo += piece) {
       const std::size_t n = std::min(piece, b.size() - lo);
@@ -109,21 +114,14 @@ void Comm::reduce_blocks(const char* send, char* out, const std::vector<Range>& 
     seg_->publish(Counter::Gathered, g);
   }
   if (H == 1) return;
-  std::vector<std::unique_ptr<char[]>> received(H);
   std::vector<net::Transfer> xfer;
-  bool out_taken = false;
   for (int h = 0; h < H; ++h) {
     if (h == host) {
       srcs[h] = partial[h];
       continue;
     }
     const int peer = job_.global(job_.host_ranks[h][me]);
-    char* into = out;
-    if (!into_out || out_taken) {
-      received[h].reset(new char[std::max<std::size_t>(1, mine.size() * es)]);
-      into = received[h].get();
-    }
-    out_taken = out_taken || into == out;
+    char* into = h == into_out_from ? out : stage(mine.size() * es);
     srcs[h] = into;
     xfer.push_back({job_.mesh[h], const_cast<char*>(partial[h]),
                     blocks[job_.host_ranks[h][me]].size() * es, true, peer});

@@ -170,13 +170,15 @@ def _allgather_owned(group: _Group) -> None:
     width = max(widths)
     if not width:
         return
-    # this rank's row is filled in place: the gather needs no copy of its share
-    rows = torch.zeros(group.size, width, dtype=torch.uint8)
+    # this rank's row is filled in place (the gather needs no copy of its share); the
+    # others' rows arrive whole, so only this row's padding is zeroed
+    rows = torch.empty(group.size, width, dtype=torch.uint8)
     offset = 0
     for param in group.owned_by(group.me):
         n = _nbytes(param)
         rows[group.me, offset:offset + n] = param.detach().reshape(-1).view(torch.uint8)
         offset += n
+    rows[group.me, offset:].zero_()
     gathered = rows.numpy()
     core.allgather(gathered[group.me], group=group.core, out=gathered)
     with torch.no_grad():

@@ -104,9 +104,7 @@ class _Trace:
         self.blocks = blocks
         self.current = "prologue"
         self.flops, self.saved, self.boundary, self.tp, self.ops = {}, {}, {}, {}, {}
-        # what Linears save (their input), which tensor parallelism splits: SMP's
-        # DistributedLinear splits its input features and sums the partial products, so its
-        # output, and what the next modules save of it, is whole on every rank
+        # what Linears save (their input): what tensor parallelism splits (module docstring)
         self.saved_split: dict[str, float] = {}
         self.in_linear = 0
         # where each module outside the blocks first ran, and every module's output bytes
